@@ -1,0 +1,183 @@
+"""Continual-learning metrics as pure functions of a results matrix (numpy only, no torch).
+
+Notation (see `cl_platform.results`):
+    R[t, j]   score on domain j after experience t; row 0 = before any experience
+    T         last complete row (a run killed part-way is measured up to where it got)
+    d_t       domain trained by experience t (1-based): `experiences[t - 1]`
+    first(j)  first experience that trains j;  last(j)  last experience <= T that trains j
+    g         R oriented so that larger is better: g = R for accuracy, g = -R for loss
+
+Every transfer-type metric is written with g, so its sign means the same for loss and accuracy:
+positive forgetting = worse than the best seen; positive BWT / FWT / plasticity = better. For a
+loss these read, e.g., BWT_j = R[last(j), j] - R[T, j].
+
+A domain may recur (math → law → math): "trained" always refers to the experiences up to row T,
+and BWT measures from the domain's most recent training, as Avalanche's stream metrics do (their
+reference value is refreshed each time an experience is trained on).
+"""
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from cl_platform.results import ResultsMatrix, RunResults
+
+
+def last_row(results: ResultsMatrix) -> int:
+    """T: the last row such that rows 0..T are fully measured."""
+    t = results.last_complete_row
+    if t < 0:
+        raise ValueError("no complete row: the before-training evaluation (row 0) did not finish")
+    return t
+
+
+def _oriented(results: ResultsMatrix) -> np.ndarray:
+    return -results.values if results.lower_is_better else results.values
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def _trained_before_last_row(results: ResultsMatrix) -> dict[int, tuple[int, int]]:
+    """Column j -> (first(j), last(j)) for domains trained by an experience < T (not by T itself).
+
+    A domain trained by experience T was just learned: there is nothing to have forgotten yet.
+    """
+    t_final = last_row(results)
+    spans = {}
+    for j, domain in enumerate(results.domains):
+        trained = [t for t in results.training_experiences(domain) if t <= t_final]
+        if trained and trained[-1] < t_final:
+            spans[j] = (trained[0], trained[-1])
+    return spans
+
+
+def average_score(results: ResultsMatrix) -> float:
+    """A_T = (1/D) Σ_j R[T, j]: the final score averaged over all domains, in metric units."""
+    return float(np.mean(results.values[last_row(results)]))
+
+
+def forgetting_per_domain(results: ResultsMatrix) -> dict[str, float]:
+    """F_j = max_{first(j) <= l <= T-1} g[l, j] - g[T, j], for j trained before experience T.
+
+    For a loss: F_j = R[T, j] - min_l R[l, j], the final loss minus the best loss since j was
+    first learned (Chaudhry et al. 2018, with rows before j's training excluded). F_j >= 0.
+    Avalanche's functional `forgetting` uses the value right after training instead of the best:
+    the two agree when a domain is at its best right after being trained.
+    """
+    g = _oriented(results)
+    t_final = last_row(results)
+    return {
+        results.domains[j]: float(g[first:t_final, j].max() - g[t_final, j])
+        for j, (first, _) in _trained_before_last_row(results).items()
+    }
+
+
+def average_forgetting(results: ResultsMatrix) -> float:
+    """F = mean_j F_j over the domains of `forgetting_per_domain`; NaN if there are none."""
+    return _mean(list(forgetting_per_domain(results).values()))
+
+
+def backward_transfer_per_domain(results: ResultsMatrix) -> dict[str, float]:
+    """BWT_j = g[T, j] - g[last(j), j], for j trained before experience T (Lopez-Paz 2017).
+
+    For a loss: BWT_j = R[last(j), j] - R[T, j]; negative = forgotten since j was last trained.
+    Equals minus Avalanche's functional `forgetting(acc)[-1, j]` on an accuracy matrix.
+    """
+    g = _oriented(results)
+    t_final = last_row(results)
+    return {
+        results.domains[j]: float(g[t_final, j] - g[last, j])
+        for j, (_, last) in _trained_before_last_row(results).items()
+    }
+
+
+def backward_transfer(results: ResultsMatrix) -> float:
+    """BWT = mean_j BWT_j over the domains of `backward_transfer_per_domain`; NaN if none."""
+    return _mean(list(backward_transfer_per_domain(results).values()))
+
+
+def forward_transfer_per_domain(results: ResultsMatrix) -> dict[str, float]:
+    """FWT_j = g[first(j) - 1, j] - g[0, j], for j first trained by an experience 2..T.
+
+    How much the experiences before j's own changed its score relative to before any training
+    (row 0 is the baseline b_j of Lopez-Paz & Ranzato 2017). For a loss:
+    FWT_j = R[0, j] - R[first(j) - 1, j]. The first trained domain has no earlier experience
+    and is left out.
+    """
+    g = _oriented(results)
+    t_final = last_row(results)
+    transfer = {}
+    for j, domain in enumerate(results.domains):
+        trained = results.training_experiences(domain)
+        if trained and 2 <= trained[0] <= t_final:
+            transfer[domain] = float(g[trained[0] - 1, j] - g[0, j])
+    return transfer
+
+
+def forward_transfer(results: ResultsMatrix) -> float:
+    """FWT = mean_j FWT_j over the domains of `forward_transfer_per_domain`; NaN if none."""
+    return _mean(list(forward_transfer_per_domain(results).values()))
+
+
+def plasticity_per_experience(results: ResultsMatrix) -> list[float]:
+    """P_t = g[t, d_t] - g[t-1, d_t] for t = 1..T: what experience t did to its own domain.
+
+    For a loss: P_t = R[t-1, d_t] - R[t, d_t]; positive = the domain was learned. Element t-1
+    of the list is experience t (a recurring domain has one entry per experience).
+    """
+    g = _oriented(results)
+    gains = []
+    for t in range(1, last_row(results) + 1):
+        j = results.domains.index(results.trained_domain(t))
+        gains.append(float(g[t, j] - g[t - 1, j]))
+    return gains
+
+
+def plasticity(results: ResultsMatrix) -> float:
+    """P = (1/T) Σ_t P_t; NaN if no experience has finished."""
+    return _mean(plasticity_per_experience(results))
+
+
+def area_under_curve(points: Sequence[tuple[int, float]]) -> float:
+    """Step-normalised area under one curve: its mean value over the steps it spans.
+
+        AUC = (1 / (s_n - s_1)) Σ_i (s_{i+1} - s_i) (v_i + v_{i+1}) / 2
+
+    in metric units, so lower is better for a loss. One point gives its value; points that all
+    share one step give their mean; no points give NaN.
+    """
+    if not points:
+        return math.nan
+    steps = np.array([s for s, _ in points], dtype=np.float64)
+    values = np.array([v for _, v in points], dtype=np.float64)
+    span = steps[-1] - steps[0]
+    if span == 0:
+        return float(values.mean())
+    return float(np.sum(np.diff(steps) * (values[1:] + values[:-1]) / 2) / span)
+
+
+def area_under_learning_curves(run: RunResults) -> dict[str, float]:
+    """AUC of `run.curves[domain]` for every domain that has a curve (see `area_under_curve`)."""
+    return {domain: area_under_curve(points) for domain, points in run.curves.items()}
+
+
+def summary(results: RunResults | ResultsMatrix) -> dict[str, float | int | str | bool]:
+    """Headline numbers of one run; curve areas are included when `results` is a RunResults."""
+    matrix = results.matrix if isinstance(results, RunResults) else results
+    out: dict[str, float | int | str | bool] = {
+        "metric": matrix.metric,
+        "lower_is_better": matrix.lower_is_better,
+        "experiences_done": last_row(matrix),
+        "experiences_total": matrix.num_experiences,
+        "average_final": average_score(matrix),
+        "average_forgetting": average_forgetting(matrix),
+        "backward_transfer": backward_transfer(matrix),
+        "forward_transfer": forward_transfer(matrix),
+        "plasticity": plasticity(matrix),
+    }
+    if isinstance(results, RunResults):
+        out["area_under_curve"] = _mean(list(area_under_learning_curves(results).values()))
+    return out

@@ -1,0 +1,445 @@
+"""Fast-weight Product Key Memory (FwPKM): a sparse memory rewritten by one gradient step per chunk.
+
+Specification: FWPKM.md (Zhao & Jones 2026). Naive loop reference: `fwpkm_naive.py`; the two are
+compared on outputs, states after every chunk and gradients in `tests/cl_platform/test_fwpkm.py`.
+
+Shape letters: B batch, T tokens in the call, L tokens in the current chunk (≤ C), H heads,
+k top-k, S sub-keys per codebook, N = S² slots, D model width, Dk key width per head
+(two halves of Dh = Dk/2), Dv value width, P = B·L·H·k picks in a chunk, U unique slots picked.
+
+Why it is fast: nothing per chunk is proportional to N. Sub-keys are scored in O(√N)
+(`S` per codebook); top-k runs on squared distances (−log(ε + d²) is monotonic in d²) and the
+exact scores are recomputed only for the k winners; reads are `embedding_bag`s over the picked
+rows; the value write touches only the U rows picked in the chunk; the addressing-loss gradient
+is written in closed form over each token's top-k sub-keys. In training, where the outer loss
+must flow *through* the writes, the table is never copied: writes accumulate in a compact,
+differentiable overlay over the rows touched so far (`_OverlayValues`) and are committed to the
+table once, detached, when the call ends.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cl_platform.norm import RMSNorm
+
+IDW_EPS = 1e-3  # ε in s = −log(ε + ‖q − K‖²)
+ENTROPY_EPS = 1e-8  # inside the log of the addressing entropy
+ZSCORE_EPS = 1e-6
+
+
+@dataclass
+class FwPKMConfig:
+    """FwPKM hyper-parameters. Defaults are the spec's `small` column (paper values in comments)."""
+
+    num_subkeys: int = 128  # S; slots N = S² (paper 512)
+    d_key: int = 128  # d_k per head, split into two halves (paper 512)
+    d_value: int = 128  # d_v (paper 512)
+    heads: int = 1
+    topk: int = 8
+    chunk: int = 128  # C: tokens per write (paper 512)
+    lr_values: float = 1.0  # η
+    lr_keys: float = 1.0  # η_K
+    addr_weight: float = 1.0  # λ
+    lookahead: bool = True  # value target y_t = v_{t+1} (off: y_t = v_t)
+    gate: bool = True  # off: g ≡ 1, so o = v̂ and every token writes with full weight
+    target_norm: bool = True  # z-score v over features
+    # "persist": the state carries over between calls until reset/restore (the paper's protocol).
+    # "reset_per_call": every forward starts from a fresh initialisation (episodic use, e.g. NIAH).
+    persistence: Literal["persist", "reset_per_call"] = "persist"
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, field: str, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"FwPKMConfig.{field}={getattr(self, field)!r} is invalid: {allowed}")
+
+        need(isinstance(self.num_subkeys, int) and self.num_subkeys > 0, "num_subkeys", "must be a positive int")
+        need(isinstance(self.d_key, int) and self.d_key > 0 and self.d_key % 2 == 0, "d_key", "must be a positive even int (split into two halves)")
+        need(isinstance(self.d_value, int) and self.d_value > 1, "d_value", "must be an int ≥ 2")
+        need(isinstance(self.heads, int) and self.heads >= 1, "heads", "must be an int ≥ 1")
+        need(isinstance(self.topk, int) and 1 <= self.topk <= self.num_subkeys, "topk", f"must be in 1..num_subkeys={self.num_subkeys}")
+        need(isinstance(self.chunk, int) and self.chunk >= 2, "chunk", "must be an int ≥ 2")
+        for f in ("lr_values", "lr_keys", "addr_weight"):
+            need(math.isfinite(getattr(self, f)) and getattr(self, f) >= 0, f, "must be a finite number ≥ 0")
+        need(self.persistence in ("persist", "reset_per_call"), "persistence", "one of 'persist', 'reset_per_call'")
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_subkeys * self.num_subkeys
+
+
+class FastWeightState(NamedTuple):
+    """The fast weights as a value: keys (H, 2, S, Dh) and values (N, Dv), float32."""
+
+    keys: Tensor
+    values: Tensor
+
+
+class NonFiniteWriteError(FloatingPointError):
+    """A write produced NaN/inf; raised before it touches the memory."""
+
+
+def init_state(cfg: FwPKMConfig, generator: torch.Generator | None = None, device=None) -> FastWeightState:
+    """Keys uniform in ±1/√d_k, values normal with std 1/√d_v (spec)."""
+    bound = 1.0 / math.sqrt(cfg.d_key)
+    keys = torch.empty(cfg.heads, 2, cfg.num_subkeys, cfg.d_key // 2, device=device)
+    keys.uniform_(-bound, bound, generator=generator)
+    values = torch.empty(cfg.num_slots, cfg.d_value, device=device)
+    values.normal_(0.0, 1.0 / math.sqrt(cfg.d_value), generator=generator)
+    return FastWeightState(keys, values)
+
+
+def zscore(v: Tensor) -> Tensor:
+    """(v − mean) / (std + 1e-6) over features, std unbiased (as `torch.std`, written out: 4× faster on CPU)."""
+    c = v - v.mean(-1, keepdim=True)
+    std = (c.pow(2).sum(-1, keepdim=True) / (v.shape[-1] - 1)).sqrt()
+    return c / (std + ZSCORE_EPS)
+
+
+class Lookup(NamedTuple):
+    idx: Tensor  # (..., H, k) slot ids a·S + b
+    weights: Tensor  # (..., H, k) softmax over the final top-k scores
+
+
+class SubKeys(NamedTuple):
+    """Per-codebook top-k of a chunk, kept for the key write."""
+
+    q: Tensor  # (M, H, 2, Dh) query halves
+    idx: Tensor  # (M, H, 2, k) top-k sub-key ids per codebook
+    d2: Tensor  # (M, H, 2, k) squared distances to them
+
+
+def product_key_lookup(q: Tensor, keys: Tensor, topk: int) -> tuple[Lookup, SubKeys]:
+    """IDW product-key addressing. q (..., H, Dk), keys (H, 2, S, Dh) → (Lookup, SubKeys).
+
+    One batched matmul gives ‖q − K‖² − ‖q‖² = ‖K‖² − 2 q·K for every sub-key; top-k runs on it
+    directly (−log(ε + d²) is decreasing in d² and ‖q‖² is constant per row), and the log is taken
+    only for the k winners. Gradients reach q and the keys through the winners' distances; the
+    top-k selection itself is constant, as in the spec.
+    """
+    H, _, S, Dh = keys.shape
+    lead = q.shape[:-2]
+    qh = q.reshape(-1, H, 2, Dh)  # (M, H, 2, Dh)
+    M = qh.shape[0]
+    q_hc = qh.permute(1, 2, 0, 3).reshape(H * 2, M, Dh)  # (H·2, M, Dh)
+    k_hc = keys.reshape(H * 2, S, Dh)
+    rank = torch.baddbmm(k_hc.pow(2).sum(-1).unsqueeze(1), q_hc, k_hc.transpose(1, 2), alpha=-2.0)  # (H·2, M, S)
+    with torch.no_grad():
+        sub_idx = rank.topk(topk, dim=-1, largest=False, sorted=False).indices  # (H·2, M, k)
+    d2 = (rank.gather(-1, sub_idx) + q_hc.pow(2).sum(-1, keepdim=True)).clamp_min(0.0)
+    sub_idx = sub_idx.view(H, 2, M, topk).permute(2, 0, 1, 3)  # (M, H, 2, k)
+    d2 = d2.view(H, 2, M, topk).permute(2, 0, 1, 3)
+    s = -torch.log(IDW_EPS + d2)
+    cand = (s[:, :, 0, :, None] + s[:, :, 1, None, :]).flatten(-2)  # (M, H, k·k)
+    top = cand.topk(topk, dim=-1)
+    a = sub_idx[:, :, 0].gather(-1, top.indices // topk)
+    b = sub_idx[:, :, 1].gather(-1, top.indices % topk)
+    idx = a * S + b  # (M, H, k)
+    w = torch.softmax(top.values, dim=-1)
+    return Lookup(idx.view(*lead, H, topk), w.view(*lead, H, topk)), SubKeys(qh, sub_idx, d2)
+
+
+def addressing_step(sub: SubKeys, keys: Tensor, cfg: FwPKMConfig) -> tuple[Tensor, Tensor]:
+    """Addressing loss of one chunk and its gradient w.r.t. the keys, in closed form.
+
+    L = λ Σ_{h,m} −H(p̄^{h,m}),  p̄ = mean over the chunk's M tokens of softmax over each token's
+    top-k sub-scores, H(p) = −Σ p log(p + 1e-8). With G_s = ∂L/∂p̄_s = λ(log(p̄_s + 1e-8) + p̄_s/(p̄_s + 1e-8)):
+      ∂L/∂s_tj = p_tj (G_{s_tj} − Σ_l p_tl G_{s_tl}) / M,   ∂s/∂K = 2 (q − K) / (ε + d²),
+    so ∂L/∂K_s = Σ_t c_ts q_t − (Σ_t c_ts) K_s with c = 2 ∂L/∂s / (ε + d²): one (S × M)·(M × Dh)
+    matmul per codebook, no per-pick copy of the keys.
+    Returns (loss (), grad (H, 2, S, Dh)); both stay differentiable in q and the keys.
+    """
+    H, _, S, Dh = keys.shape
+    M = sub.idx.shape[0]
+    p = torch.softmax(-torch.log(IDW_EPS + sub.d2), dim=-1)  # (M, H, 2, k)
+    flat = sub.idx + (torch.arange(H * 2, device=p.device) * S).view(H, 2, 1)  # (M, H, 2, k) ids in H·2·S
+    pbar = torch.zeros(H * 2 * S, dtype=p.dtype, device=p.device).index_add(0, flat.reshape(-1), p.reshape(-1)) / M
+    logp = torch.log(pbar + ENTROPY_EPS)
+    loss = cfg.addr_weight * (pbar * logp).sum()  # = λ Σ −H(p̄)
+    G = cfg.addr_weight * (logp + pbar / (pbar + ENTROPY_EPS))  # (H·2·S,)
+    g_sel = G[flat]
+    ds = p * (g_sel - (p * g_sel).sum(-1, keepdim=True)) / M  # (M, H, 2, k)
+    coef = ds * (2.0 / (IDW_EPS + sub.d2))
+    A = torch.zeros(M, H, 2, S, dtype=p.dtype, device=p.device).scatter_add(-1, sub.idx, coef)  # (M, H, 2, S)
+    A = A.permute(1, 2, 3, 0).reshape(H * 2, S, M)
+    q_hc = sub.q.permute(1, 2, 0, 3).reshape(H * 2, M, Dh)
+    grad = torch.bmm(A, q_hc) - A.sum(-1, keepdim=True) * keys.reshape(H * 2, S, Dh)
+    return loss, grad.view(H, 2, S, Dh)
+
+
+class _InPlaceValues:
+    """Adaptation / evaluation: reads see the table, writes scatter into it in place (no graph)."""
+
+    def __init__(self, table: Tensor):
+        self.table = table
+
+    def read(self, idx: Tensor, uidx: Tensor, inv: Tensor, w: Tensor) -> Tensor:
+        """idx, w (M, k); uidx (U,) its unique ids, inv (M, k) positions in uidx → Σ_j w_j V[idx_j] (M, Dv)."""
+        return F.embedding_bag(idx, self.table, per_sample_weights=w, mode="sum")
+
+    def write(self, uidx: Tensor, delta: Tensor) -> None:
+        self.table.index_add_(0, uidx, delta)
+
+    def commit(self) -> None:
+        pass
+
+
+class _OverlayValues:
+    """Training: the table is read-only during the call; chunk writes accumulate in `delta`, a
+    differentiable (U_total, Dv) overlay aligned with the sorted ids `touched`, so later chunks'
+    reads carry gradients back into earlier writes without any N-sized copy."""
+
+    def __init__(self, table: Tensor):
+        self.table = table
+        self.touched = torch.empty(0, dtype=torch.long, device=table.device)
+        self.delta = table.new_zeros(0, table.shape[1])
+
+    def read(self, idx: Tensor, uidx: Tensor, inv: Tensor, w: Tensor) -> Tensor:
+        # Gather the chunk's unique rows first: autograd then saves this (U, Dv) copy, not the
+        # table, which `commit` later changes in place.
+        rows = self.table[uidx]
+        if self.touched.numel():
+            pos = torch.searchsorted(self.touched, uidx).clamp_(max=self.touched.numel() - 1)
+            hit = (self.touched[pos] == uidx).unsqueeze(-1)
+            rows = rows + self.delta[pos] * hit
+        return F.embedding_bag(inv, rows, per_sample_weights=w, mode="sum")
+
+    def write(self, uidx: Tensor, delta: Tensor) -> None:
+        touched = torch.unique(torch.cat([self.touched, uidx]))  # sorted
+        merged = delta.new_zeros(touched.numel(), delta.shape[1])
+        merged = merged.index_add(0, torch.searchsorted(touched, self.touched), self.delta)
+        self.delta = merged.index_add(0, torch.searchsorted(touched, uidx), delta)
+        self.touched = touched
+
+    def commit(self) -> None:
+        with torch.no_grad():
+            self.table.index_add_(0, self.touched, self.delta.detach())
+
+
+class ChunkedOutput(NamedTuple):
+    vhat: Tensor  # (B, T, Dv) read-outs, each from the state before its chunk's write
+    lookup: Lookup  # (B, T, H, ...) addressing of every token
+    keys: Tensor  # (H, 2, S, Dh) key state after the last write
+    addr_loss: Tensor  # (chunks,) addressing loss of each chunk, pre-write (empty without writes)
+    value_update_sq: Tensor  # () Σ over chunks of ‖ΔV‖²_F (write magnitude, detached)
+
+
+class ChunkRecord(NamedTuple):
+    """What `on_chunk` sees after chunk `index` has been read and (if writing) written."""
+
+    index: int
+    keys: Tensor  # state after the write (detached view for inspection)
+    values: Tensor
+    addr_loss: Tensor | None
+
+
+def fwpkm_chunked(
+    q: Tensor,
+    v: Tensor,
+    g: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    cfg: FwPKMConfig,
+    *,
+    write: bool = True,
+    write_mask: Tensor | None = None,
+    read_counts: Tensor | None = None,
+    on_chunk: Callable[[ChunkRecord], None] | None = None,
+    name: str = "fwpkm",
+) -> ChunkedOutput:
+    """Core FwPKM math over one call: chunked reads, each followed by that chunk's write.
+
+    q (B, T, H·Dk), v (B, T, Dv) (already z-scored if the config says so), g (B, T) gates,
+    keys (H, 2, S, Dh), values (N, Dv). `values` is updated in place (committed, detached);
+    the returned keys are the new key state. With grad enabled, the reads of chunk c+1 are
+    differentiable functions of q, v, g of chunks ≤ c (training through the writes).
+    `write_mask` (N,) bool: False rows never change. `read_counts` (N,) int64 gets += reads.
+    """
+    B, T, _ = q.shape
+    H, k, S, Dh = cfg.heads, cfg.topk, cfg.num_subkeys, cfg.d_key // 2
+    qh = q.view(B, T, H, 2 * Dh)
+    graph = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad or g.requires_grad)
+    store = _OverlayValues(values) if graph and write else _InPlaceValues(values)
+    if graph:
+        keys = keys.clone()  # the graph saves it; the caller updates its buffer in place afterwards (O(√N))
+    # Without writes every token reads the same state: one pass over the whole call.
+    step = min(cfg.chunk, T) if write else T
+    vhats, looks, addr_losses = [], [], []
+    update_sq = q.new_zeros(())
+    for ci, c0 in enumerate(range(0, T, step)):
+        c1 = min(c0 + step, T)
+        L = c1 - c0
+        look, sub = product_key_lookup(qh[:, c0:c1], keys, k)  # (B, L, H, k)
+        flat_idx = look.idx.reshape(-1)  # (P,)
+        uidx, inv, counts = torch.unique(flat_idx, return_inverse=True, return_counts=True)  # (U,), (P,), (U,)
+        vhat = store.read(look.idx.view(-1, k), uidx, inv.view(-1, k), look.weights.reshape(-1, k))  # (B·L·H, Dv)
+        vhat = vhat.view(B, L, H, -1).mean(2)  # heads share the table; their read-outs average
+        vhats.append(vhat)
+        looks.append(look)
+        if read_counts is not None:
+            read_counts.index_add_(0, uidx, counts)
+        addr = None
+        if write:
+            # Value target and validity: with look-ahead, y_t = v_{t+1} inside the chunk only.
+            if cfg.lookahead:
+                y = v[:, c0 + 1 : c1]
+                err = vhat[:, :-1] - y  # (B, L−1, Dv)
+                coef = g[:, c0 : c1 - 1, None, None] * look.weights[:, :-1]  # (B, L−1, H, k)
+                pick_idx = inv.view(B, L, H, k)[:, :-1]
+            else:
+                err = vhat - v[:, c0:c1]
+                coef = g[:, c0:c1, None, None] * look.weights
+                pick_idx = inv.view(B, L, H, k)
+            # ΔV_i = −η·kH/N_i · ∂/∂V_i ½ Σ g‖v̂ − y‖², with v̂ = mean_h Σ_j w V[idx] so that
+            # ∂/∂V_i = Σ over i's picks of g·w/H·(v̂ − y). The per-row factor is folded into the
+            # (small) per-pick coefficients before the scatter.
+            row_scale = (-cfg.lr_values * k * H) / counts.clamp(min=1).to(coef.dtype)  # (U,)
+            coef = coef * (row_scale[pick_idx] / H)
+            contrib = coef.unsqueeze(-1) * err[:, :, None, None, :]  # (B, L', H, k, Dv)
+            delta = err.new_zeros(uidx.numel(), err.shape[-1]).index_add(
+                0, pick_idx.reshape(-1), contrib.reshape(-1, err.shape[-1])
+            )  # (U, Dv)
+            if write_mask is not None:
+                keep = write_mask[uidx]
+                if not bool(keep.all()):
+                    uidx, delta = uidx[keep], delta[keep]
+            addr, gk = addressing_step(sub, keys, cfg)
+            new_keys = keys - cfg.lr_keys * gk
+            sq = delta.detach().pow(2).sum()
+            _check_finite(sq, new_keys, name, ci)
+            store.write(uidx, delta)
+            keys = new_keys
+            update_sq += sq
+            addr_losses.append(addr.detach())
+        if on_chunk is not None:
+            on_chunk(ChunkRecord(ci, keys.detach(), _current_values(store), addr))
+    store.commit()
+    vhat = torch.cat(vhats, dim=1)
+    look = Lookup(*(torch.cat(parts, dim=1) for parts in zip(*looks)))
+    addr_t = torch.stack(addr_losses) if addr_losses else q.new_zeros(0)
+    return ChunkedOutput(vhat, look, keys, addr_t, update_sq)
+
+
+def _current_values(store) -> Tensor:
+    """The value table as the next chunk would read it (a copy; for tests and inspection only)."""
+    if isinstance(store, _OverlayValues):
+        return store.table.detach().index_add(0, store.touched, store.delta.detach())
+    return store.table.detach().clone()
+
+
+def _check_finite(delta_sq: Tensor, new_keys: Tensor, name: str, chunk: int) -> None:
+    # ‖ΔV‖² is finite iff every entry is (NaN and ±inf propagate through the square and the sum).
+    if not bool(torch.isfinite(delta_sq)):
+        raise NonFiniteWriteError(f"{name}: non-finite value write in chunk {chunk}; memory left unchanged for this chunk")
+    if not bool(torch.isfinite(new_keys).all()):
+        raise NonFiniteWriteError(f"{name}: non-finite key write in chunk {chunk}; memory left unchanged for this chunk")
+
+
+class FwPKM(nn.Module):
+    """FwPKM residual sub-block: `h = h + FwPKM(h)`, placed before the token mixer.
+
+    Slow weights (trained by the outer optimiser): RMSNorms and projections for q, v, g, o.
+    Fast weights (buffers, never in the optimiser): `keys`, `values`. Public slot knobs for
+    strategies: `write_mask` (N,) bool, `read_counts` (N,) int64 since `reset_read_counts()`,
+    `usage_stats()`, `reset_slots(ids)`, and `writes_enabled`.
+    """
+
+    def __init__(self, d_model: int, config: FwPKMConfig, name: str = "fwpkm"):
+        super().__init__()
+        cfg = self.config = config
+        self.name = name
+        self.writes_enabled = True
+        Dq = cfg.d_key * cfg.heads
+        self.norm_q, self.norm_v, self.norm_g = RMSNorm(d_model), RMSNorm(d_model), RMSNorm(d_model)
+        self.proj_q = nn.Linear(d_model, Dq)
+        self.proj_v = nn.Linear(d_model, cfg.d_value)
+        self.proj_g = nn.Linear(d_model, 1)
+        self.norm_o = RMSNorm(cfg.d_value)
+        self.proj_o = nn.Linear(cfg.d_value, d_model)
+        state = init_state(cfg)
+        self.register_buffer("keys", state.keys)
+        self.register_buffer("values", state.values)
+        self.register_buffer("write_mask", torch.ones(cfg.num_slots, dtype=torch.bool))
+        self.register_buffer("read_counts", torch.zeros(cfg.num_slots, dtype=torch.long))
+        self._stats: dict[str, Tensor] = {}
+
+    # --- fast-weight state: explicit operations ---------------------------------------------
+    def snapshot(self) -> FastWeightState:
+        return FastWeightState(self.keys.detach().clone(), self.values.detach().clone())
+
+    def restore(self, snap: FastWeightState) -> None:
+        with torch.no_grad():
+            self.keys.copy_(snap.keys)
+            self.values.copy_(snap.values)
+
+    def reset(self, generator: torch.Generator | None = None) -> None:
+        self.restore(init_state(self.config, generator, device=self.keys.device))
+
+    def reset_slots(self, slot_ids: Tensor, generator: torch.Generator | None = None) -> None:
+        """Re-initialise the given value rows (keys are shared by many slots and stay)."""
+        fresh = torch.empty(slot_ids.numel(), self.config.d_value, device=self.values.device)
+        fresh.normal_(0.0, 1.0 / math.sqrt(self.config.d_value), generator=generator)
+        with torch.no_grad():
+            self.values[slot_ids] = fresh
+
+    def reset_read_counts(self) -> None:
+        self.read_counts.zero_()
+
+    def usage_stats(self) -> dict[str, float]:
+        """Addressing health over reads since `reset_read_counts()` (O(N); call for logging only).
+
+        coverage = #{N_i > 0}/N; collision = Σ_{N_i>1} N_i / Σ N_i; kl_uniform = KL(usage ‖ uniform).
+        """
+        n = self.read_counts.double()
+        total = n.sum()
+        if total == 0:
+            return {"coverage": 0.0, "collision_rate": 0.0, "kl_uniform": float("nan")}
+        p = n[n > 0] / total
+        return {
+            "coverage": float((n > 0).double().mean()),
+            "collision_rate": float(n[n > 1].sum() / total),
+            "kl_uniform": float((p * torch.log(p * n.numel())).sum()),
+        }
+
+    @property
+    def last_stats(self) -> dict[str, float]:
+        """Last call: mean gate, ‖ΔV‖ and ‖ΔK‖ over its writes, mean addressing loss."""
+        return {k: float(v) for k, v in self._stats.items()}
+
+    def describe(self) -> dict:
+        return {"name": self.name, **asdict(self.config), "writes_enabled": self.writes_enabled}
+
+    # --- forward -----------------------------------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, T, D) → residual update (B, T, D)."""
+        cfg = self.config
+        if cfg.persistence == "reset_per_call":
+            self.reset()
+        dt = self.values.dtype  # memory math runs in the fast weights' dtype (float32 under autocast)
+        q = self.proj_q(self.norm_q(x)).to(dt)
+        v = self.proj_v(self.norm_v(x)).to(dt)
+        if cfg.target_norm:
+            v = zscore(v)
+        if cfg.gate:
+            g = torch.sigmoid(self.proj_g(self.norm_g(x)).to(dt).squeeze(-1))  # (B, T)
+        else:
+            g = torch.ones(x.shape[:2], dtype=dt, device=x.device)
+        out = fwpkm_chunked(
+            q, v, g, self.keys, self.values, cfg,
+            write=self.writes_enabled, write_mask=self.write_mask, read_counts=self.read_counts, name=self.name,
+        )
+        # Kept as tensors (no device sync in the hot path); `last_stats` converts on demand.
+        self._stats = {"gate_mean": g.detach().mean(), "value_update_norm": out.value_update_sq.sqrt()}
+        if self.writes_enabled:
+            with torch.no_grad():
+                self._stats["key_update_norm"] = (out.keys.detach() - self.keys).norm()
+                self._stats["addr_loss"] = out.addr_loss.mean()
+                self.keys.copy_(out.keys.detach())
+        vhat = out.vhat
+        o = g.unsqueeze(-1) * vhat + (1 - g).unsqueeze(-1) * v if cfg.gate else vhat
+        return self.proj_o(self.norm_o(o.to(x.dtype)))

@@ -1,0 +1,108 @@
+"""Loop-based FwPKM reference: obviously correct, slow, for tests only.
+
+Every token is addressed on its own with full sub-key scores over all S sub-keys; the writes are
+taken from autograd on the literal losses of FWPKM.md (memorisation loss for V, addressing loss
+for K) with `create_graph=True`, so gradients flow through the writes exactly as the spec says.
+It shares nothing with `fwpkm.py` except the config dataclass.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from cl_platform.fwpkm import ENTROPY_EPS, IDW_EPS, FwPKMConfig
+
+
+def naive_fwpkm(
+    q: Tensor,
+    v: Tensor,
+    g: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    cfg: FwPKMConfig,
+    write: bool = True,
+    write_mask: Tensor | None = None,
+) -> dict:
+    """Same contract as `fwpkm.fwpkm_chunked` but returns everything in a dict:
+    vhat (B, T, Dv), idx / weights (B, T, H, k), states [(keys, values) after each chunk],
+    addr_loss [per chunk]. keys/values are not modified."""
+    B, T, _ = q.shape
+    H, k, S, C = cfg.heads, cfg.topk, cfg.num_subkeys, cfg.chunk
+    Dk, Dh = cfg.d_key, cfg.d_key // 2
+    keys = keys.detach().clone().requires_grad_(True)
+    values = values.detach().clone().requires_grad_(True)
+    vhat = [[None] * T for _ in range(B)]
+    idx_all = torch.zeros(B, T, H, k, dtype=torch.long)
+    w_all = [[[None] * H for _ in range(T)] for _ in range(B)]
+    states, addr_losses = [], []
+    for c0 in range(0, T, C if write else T):
+        c1 = min(c0 + (C if write else T), T)
+        topsub = {}  # (b, t, h, m) -> top-k sub-key ids
+        for b in range(B):
+            for t in range(c0, c1):
+                read = 0
+                for h in range(H):
+                    qq = q[b, t, h * Dk : (h + 1) * Dk]
+                    s = [-torch.log(IDW_EPS + ((qq[m * Dh : (m + 1) * Dh] - keys[h, m]) ** 2).sum(-1)) for m in (0, 1)]
+                    tops = [torch.topk(s[m], k).indices.tolist() for m in (0, 1)]
+                    topsub[b, t, h, 0], topsub[b, t, h, 1] = tops
+                    cands = [(s[0][a] + s[1][c], a * S + c) for a in tops[0] for c in tops[1]]
+                    cands.sort(key=lambda sc: -sc[0].item())
+                    best = cands[:k]
+                    w = torch.softmax(torch.stack([sc for sc, _ in best]), 0)
+                    for j, (_, slot) in enumerate(best):
+                        idx_all[b, t, h, j] = slot
+                        read = read + w[j] * values[slot] / H
+                    w_all[b][t][h] = w
+                vhat[b][t] = read
+        if not write:
+            continue
+        counts = torch.zeros(S * S, dtype=values.dtype)
+        for b in range(B):
+            for t in range(c0, c1):
+                for slot in idx_all[b, t].reshape(-1).tolist():
+                    counts[slot] += 1
+        mem_loss = 0.0
+        for b in range(B):
+            for t in range(c0, c1):
+                if cfg.lookahead:
+                    if t + 1 >= c1:
+                        continue
+                    y = v[b, t + 1]
+                else:
+                    y = v[b, t]
+                mem_loss = mem_loss + 0.5 * g[b, t] * ((vhat[b][t] - y) ** 2).sum()
+        if torch.is_tensor(mem_loss):
+            (grad_v,) = torch.autograd.grad(mem_loss, values, create_graph=True)
+        else:
+            grad_v = torch.zeros_like(values)
+        delta_v = -cfg.lr_values * (k * H / counts.clamp(min=1))[:, None] * grad_v
+        if write_mask is not None:
+            delta_v = torch.where(write_mask[:, None], delta_v, torch.zeros_like(delta_v))
+        addr = 0.0
+        n_tok = B * (c1 - c0)
+        for h in range(H):
+            for m in (0, 1):
+                pbar = 0.0
+                for b in range(B):
+                    for t in range(c0, c1):
+                        qq = q[b, t, h * Dk + m * Dh : h * Dk + (m + 1) * Dh]
+                        s = -torch.log(IDW_EPS + ((qq - keys[h, m]) ** 2).sum(-1))
+                        mask = torch.full((S,), float("-inf"), dtype=s.dtype)
+                        mask[topsub[b, t, h, m]] = 0.0
+                        pbar = pbar + torch.softmax(s + mask, 0) / n_tok
+                entropy = -(pbar * torch.log(pbar + ENTROPY_EPS)).sum()
+                addr = addr - cfg.addr_weight * entropy
+        (grad_k,) = torch.autograd.grad(addr, keys, create_graph=True)
+        keys = keys - cfg.lr_keys * grad_k
+        values = values + delta_v
+        states.append((keys, values))
+        addr_losses.append(addr)
+    weights = torch.stack([torch.stack([torch.stack(w_all[b][t]) for t in range(T)]) for b in range(B)])
+    return {
+        "vhat": torch.stack([torch.stack(row) for row in vhat]),
+        "idx": idx_all,
+        "weights": weights,
+        "states": states,
+        "addr_loss": addr_losses,
+    }

@@ -1,0 +1,380 @@
+"""Decoder-only language model with fast-weight (FwPKM) and static (PKM) product-key memories.
+
+Block l (design/FWPKM.md, "Model around it"):
+
+    h = h + FwPKM(h)                     only if l in fwpkm_layers, before the token mixer
+    h = h + Attention(RMSNorm(h))        causal, RoPE, sliding window or full
+    h = h + MLP(RMSNorm(h))              or h = h + PKM(h) if l in pkm_layers (PKM norms its input)
+
+then a final RMSNorm and logits through the tied embedding. The paper's backbone is Gated DeltaNet
+(GDN) or GDN+SWA; this platform uses softmax attention only: sliding-window (`mixer="swa"`,
+window = FwPKM chunk by default) or full attention trained as sliding-window with probability
+`pswa_prob` ("pSWA", `mixer="full"`), so that the model does not learn to ignore the memory.
+
+Shape letters: B batch, T time, V vocabulary, d model width, nh attention heads, hd head width.
+"""
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cl_platform.fwpkm import FwPKM, FwPKMConfig
+from cl_platform.norm import RMSNorm
+from cl_platform.pkm import PKM, PKMConfig
+
+Mixer = Literal["swa", "full"]
+
+
+@dataclass
+class ModelConfig:
+    """The language model. Field defaults are the `small` (CPU) preset; `ModelConfig.preset`
+    gives the others."""
+
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64; set it from the tokenizer
+    n_layer: int = 4
+    d_model: int = 256
+    n_head: int = 4
+    mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio · d_model
+    mixer: Mixer = "swa"
+    window: int | None = None  # attention window in tokens, self included; None: fwpkm.chunk
+    pswa_prob: float = 0.9  # mixer="full" only: probability a layer trains as sliding-window
+    fwpkm_layers: list[int] = field(default_factory=lambda: [1, 3])
+    fwpkm: FwPKMConfig = field(default_factory=FwPKMConfig)
+    pkm_layers: list[int] = field(default_factory=list)
+    pkm: PKMConfig = field(default_factory=PKMConfig)
+    dropout: float = 0.0
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        # YAML / command-line configs arrive as plain dicts
+        if isinstance(self.fwpkm, dict):
+            self.fwpkm = FwPKMConfig(**self.fwpkm)
+        if isinstance(self.pkm, dict):
+            self.pkm = PKMConfig(**self.pkm)
+        for name in ("vocab_size", "n_layer", "d_model", "n_head"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(
+                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
+            )
+        if (self.d_model // self.n_head) % 2:
+            raise ValueError(
+                f"ModelConfig.d_model / n_head = {self.d_model // self.n_head} must be even (RoPE "
+                f"rotates pairs of features)"
+            )
+        if self.mixer not in get_args(Mixer):
+            raise ValueError(f"ModelConfig.mixer must be one of {get_args(Mixer)}, got {self.mixer!r}")
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"ModelConfig.window must be a positive int or None, got {self.window!r}")
+        if not 0.0 <= self.pswa_prob <= 1.0:
+            raise ValueError(f"ModelConfig.pswa_prob must be in [0, 1], got {self.pswa_prob}")
+        if not self.mlp_ratio > 0:
+            raise ValueError(f"ModelConfig.mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
+        if not isinstance(self.fwpkm, FwPKMConfig):
+            raise ValueError(f"ModelConfig.fwpkm must be a FwPKMConfig, got {type(self.fwpkm).__name__}")
+        if not isinstance(self.pkm, PKMConfig):
+            raise ValueError(f"ModelConfig.pkm must be a PKMConfig, got {type(self.pkm).__name__}")
+        for name in ("fwpkm_layers", "pkm_layers"):
+            layers = getattr(self, name)
+            if not isinstance(layers, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in layers
+            ):
+                raise ValueError(f"ModelConfig.{name} must be a list of ints, got {layers!r}")
+            bad = [i for i in layers if not 0 <= i < self.n_layer]
+            if bad:
+                raise ValueError(
+                    f"ModelConfig.{name}: layer index {bad[0]} out of range; allowed 0..{self.n_layer - 1} "
+                    f"(n_layer={self.n_layer})"
+                )
+            if len(set(layers)) != len(layers):
+                raise ValueError(f"ModelConfig.{name} has a repeated layer index: {layers}")
+        both = sorted(set(self.fwpkm_layers) & set(self.pkm_layers))
+        if both:
+            # The design places the episodic (FwPKM) and semantic (PKM) memories in different
+            # layers; one layer holding both is an experiment nobody has asked for yet.
+            raise ValueError(
+                f"ModelConfig.fwpkm_layers and pkm_layers overlap at layer(s) {both}; a layer holds "
+                f"at most one memory"
+            )
+
+    @property
+    def attn_window(self) -> int:
+        """Sliding-window length actually used (the field, or the FwPKM chunk when None)."""
+        return self.window if self.window is not None else self.fwpkm.chunk
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """A named configuration with field overrides; `fwpkm` / `pkm` may be given as dicts of
+        the fields to change in the preset's memory config.
+
+        small:     4 × 256, SWA, FwPKM at 1 and 3 (S=128, d_k=d_v=128, top-8, chunk 128);
+        paper:     12 × 768, FwPKM at 2, 6, 10 (S=512, d_k=d_v=512, top-8, chunk 512), SWA window 512;
+        paper_pkm: as paper with FwPKM at 2, 10 and a static PKM at 6 (S=512, 4 heads × top-32,
+                   d_k=512, d_v=768), the paper's best combination.
+        """
+        if name not in PRESETS:
+            raise ValueError(f"ModelConfig.preset: unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        values = PRESETS[name]()
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"ModelConfig.preset: unknown field(s) {unknown}; fields are {sorted(known)}")
+        for key, default in (("fwpkm", FwPKMConfig), ("pkm", PKMConfig)):
+            if isinstance(overrides.get(key), dict):
+                overrides[key] = dataclasses.replace(values.get(key, default()), **overrides[key])
+        return cls(**{**values, **overrides})
+
+
+def _paper() -> dict:
+    return dict(
+        n_layer=12,
+        d_model=768,
+        n_head=12,
+        fwpkm_layers=[2, 6, 10],
+        fwpkm=FwPKMConfig(num_subkeys=512, d_key=512, d_value=512, chunk=512),
+        pkm=PKMConfig(num_subkeys=512, d_key=512, d_value=768),
+    )
+
+
+PRESETS = {
+    "small": dict,  # the field defaults
+    "paper": _paper,  # design/FWPKM.md Defaults, FwPKM at 2, 6, 10
+    "paper_pkm": lambda: {**_paper(), "fwpkm_layers": [2, 10], "pkm_layers": [6]},  # the best combination
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _band_mask(T: int, window: int, device: torch.device) -> Tensor:
+    """(T, T) bool, True where query i may attend key j: j <= i and i - j < window."""
+    with torch.inference_mode(False):  # a mask made under inference_mode could not be reused in training
+        i = torch.arange(T, device=device).unsqueeze(1)
+        j = torch.arange(T, device=device).unsqueeze(0)
+        return (j <= i) & (i - j < window)
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_cos_sin(T: int, head_dim: int, base: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    with torch.inference_mode(False):
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
+        return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate feature pairs (i, i + hd/2) of x (B, nh, T, hd) by position-dependent angles."""
+    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hd/2) each
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.head_dim = config.d_model // config.n_head
+        self.mixer = config.mixer
+        self.window = config.attn_window
+        self.pswa_prob = config.pswa_prob
+        self.rope_base = config.rope_base
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.resid_drop = nn.Dropout(config.dropout)
+
+    def uses_window(self) -> bool:
+        if self.mixer == "swa":
+            return True
+        # pSWA: each layer draws once per forward from the global generator (torch.manual_seed replays it)
+        return self.training and torch.rand(()).item() < self.pswa_prob
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        cos, sin = _rope_cos_sin(T, self.head_dim, self.rope_base, x.device)  # (T, hd/2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, nh, T, hd)
+        # a window at least T long is plain causal attention, which SDPA runs faster
+        mask = _band_mask(T, self.window, x.device) if self.uses_window() and T > self.window else None
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # (B, nh, T, hd)
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, d)))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden = int(config.mlp_ratio * config.d_model)
+        self.fc = nn.Linear(config.d_model, hidden, bias=False)
+        self.proj = nn.Linear(hidden, config.d_model, bias=False)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        d = config.d_model
+        has_fwpkm = layer in config.fwpkm_layers
+        self.fwpkm = FwPKM(d, config.fwpkm, name=f"fwpkm{layer}") if has_fwpkm else None
+        self.attn_norm = RMSNorm(d)
+        self.attn = Attention(config)
+        has_pkm = layer in config.pkm_layers
+        self.ffn_norm = nn.Identity() if has_pkm else RMSNorm(d)  # PKM norms its own input
+        self.ffn = PKM(d, config.pkm) if has_pkm else MLP(config)
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.fwpkm is not None:
+            h = h + self.fwpkm(h)
+        h = h + self.attn(self.attn_norm(h))
+        return h + self.ffn(self.ffn_norm(h))
+
+
+class FwPKMLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
+        self.norm_f = RMSNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self._init_weights()
+
+    def _init_weights(self):
+        """nanoGPT init: N(0, 0.02) for matmuls and the embedding, N(0, 0.02/√(2L)) for projections
+        that write into the residual stream, so its variance does not grow with depth. The memory
+        layers keep their own key/value init; the FwPKM layer's slow weights are left to it."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        nn.init.normal_(self.wte.weight, std=0.02)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.qkv.weight, std=0.02)
+            nn.init.normal_(block.attn.proj.weight, std=residual_std)
+            if isinstance(block.ffn, MLP):
+                nn.init.normal_(block.ffn.fc.weight, std=0.02)
+                nn.init.normal_(block.ffn.proj.weight, std=residual_std)
+            else:
+                nn.init.normal_(block.ffn.out_proj.weight, std=residual_std)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """idx (B, T) long -> logits (B, T, V), or (logits, mean token cross-entropy) with targets
+        (B, T) (ignore_index -100 for padding)."""
+        if idx.dim() != 2:
+            raise ValueError(f"FwPKMLM.forward: idx must be (B, T), got shape {tuple(idx.shape)}")
+        h = self.drop(self.wte(idx))  # (B, T, d)
+        for block in self.blocks:
+            h = block(h)
+        logits = self.lm_head(self.norm_f(h))  # (B, T, V)
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100
+        )
+        return logits, loss
+
+    def fwpkm_layers(self) -> list[FwPKM]:
+        return [block.fwpkm for block in self.blocks if block.fwpkm is not None]
+
+    def snapshot_memory(self) -> list[Any]:
+        """One snapshot per FwPKM layer, in layer order."""
+        return [layer.snapshot() for layer in self.fwpkm_layers()]
+
+    def restore_memory(self, snap: list[Any]) -> None:
+        layers = self.fwpkm_layers()
+        if len(snap) != len(layers):
+            raise ValueError(f"restore_memory: snapshot has {len(snap)} layers, model has {len(layers)}")
+        for layer, s in zip(layers, snap):
+            layer.restore(s)
+
+    def reset_memory(self, generator: torch.Generator | None = None) -> None:
+        for layer in self.fwpkm_layers():
+            layer.reset(generator)
+
+    def set_writes(self, enabled: bool) -> None:
+        for layer in self.fwpkm_layers():
+            layer.writes_enabled = enabled
+
+    def optimizer_groups(self, weight_decay: float, lr: float) -> list[dict]:
+        """Param groups for `cl_platform.optim.MixedAdamW`.
+
+        decay:      matmul weights (≥ 2-D) and the tied embedding, nanoGPT-style;
+        no_decay:   norms, biases, gates, and the static PKM's keys (decay would pull those
+                    cluster centres towards the origin);
+        pkm_values: static PKM value tables, sparse gradients, lazy Adam, no decay.
+        Fast-weight keys/values are buffers, so they are in no group. Empty groups are dropped.
+        """
+        pkm_values = {id(m.values.weight) for m in self.modules() if isinstance(m, PKM)}
+        pkm_keys = {id(m.keys) for m in self.modules() if isinstance(m, PKM)}
+        # FwPKM's gate projection is a (1, d) matrix but a per-token scalar gate, not a matmul
+        gates = {id(m.proj_g.weight) for m in self.fwpkm_layers()}
+        groups = {name: [] for name in ("decay", "no_decay", "pkm_values")}
+        for p in self.parameters():  # tied weights appear once
+            if not p.requires_grad:
+                continue
+            if id(p) in pkm_values:
+                groups["pkm_values"].append(p)
+            elif p.ndim < 2 or id(p) in pkm_keys or id(p) in gates:
+                groups["no_decay"].append(p)
+            else:
+                groups["decay"].append(p)
+        settings = {
+            "decay": dict(weight_decay=weight_decay, sparse=False),
+            "no_decay": dict(weight_decay=0.0, sparse=False),
+            "pkm_values": dict(weight_decay=0.0, sparse=True),
+        }
+        return [
+            dict(name=name, params=params, lr=lr, **settings[name])
+            for name, params in groups.items()
+            if params
+        ]
+
+
+def count_parameters(model: FwPKMLM) -> dict[str, int]:
+    """Parameter counts.
+
+    total:       slow parameters + fast state;
+    slow:        all nn.Parameters (tied embedding once);
+    trainable:   slow parameters with requires_grad;
+    fast_state:  FwPKM keys and values (buffers);
+    active_slow: slow parameters one token uses: everything except the static PKM value rows it
+                 does not read (it reads heads·topk rows); the tied embedding counts in full since
+                 the output head uses all of it;
+    active:      active_slow + the FwPKM state one token uses: all keys (each query is scored
+                 against every sub-key) and the heads·topk value rows it reads.
+    """
+    slow = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    fast_state = sum(m.keys.numel() + m.values.numel() for m in model.fwpkm_layers())
+    unread_pkm = sum(
+        (m.config.num_slots - min(m.config.num_slots, m.config.heads * m.config.topk)) * m.config.d_value
+        for m in model.modules()
+        if isinstance(m, PKM)
+    )
+    fast_active = sum(
+        m.keys.numel() + min(m.values.shape[0], m.config.heads * m.config.topk) * m.values.shape[1]
+        for m in model.fwpkm_layers()
+    )
+    active_slow = slow - unread_pkm
+    return dict(
+        total=slow + fast_state,
+        slow=slow,
+        trainable=trainable,
+        fast_state=fast_state,
+        active_slow=active_slow,
+        active=active_slow + fast_active,
+    )

@@ -1,0 +1,163 @@
+"""Static product-key memory (PKM): semantic memory with trainable keys and values.
+
+Same product-key lookup as the FwPKM layer (see design/FWPKM.md, "Forward (read)", step 4), but
+keys and values are ordinary parameters trained by the language-model loss, there are several
+heads and a larger top-k. It replaces the MLP of a block (Lample et al. 2019, "Large Memory Layers
+with Product Keys"). The value table is an `nn.EmbeddingBag` with `sparse=True`, so one step only
+touches the rows that were read; train it with `cl_platform.optim.MixedAdamW` (AdamW cannot take
+sparse gradients).
+
+Shape letters:
+    B batch, T time, H heads, S sub-keys per codebook, N = S² slots, k top-k,
+    d model width, d_k query/key width per head (two halves of d_k/2), d_v value width.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cl_platform.norm import RMSNorm
+
+Score = Literal["dot", "idw"]
+
+IDW_EPS = 1e-3  # ε in s = −log(ε + ‖q − K‖²), as in the FwPKM layer
+
+
+@dataclass
+class PKMConfig:
+    """A static PKM. Defaults are the CPU-sized (small) configuration."""
+
+    num_subkeys: int = 128  # S, slots N = S²
+    d_key: int = 128  # d_k per head (even: split into two halves, one per codebook)
+    d_value: int = 256  # d_v, width of the value table (projected back to d by out_proj)
+    heads: int = 4  # H; each head has its own query and keys, all share one value table
+    topk: int = 32  # k, per codebook and final
+    # "idw" (s = −log(ε + ‖q−K‖²), keys act as cluster centres, as in FwPKM) or "dot" (s = q·K,
+    # Lample et al.). Default idw: without a batch-norm on the queries, dot scores let keys grow.
+    score: Score = "idw"
+
+    def __post_init__(self):
+        for name in ("num_subkeys", "d_key", "d_value", "heads", "topk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"PKMConfig.{name} must be a positive int, got {value!r}")
+        if self.d_key % 2:
+            raise ValueError(f"PKMConfig.d_key must be even (two codebook halves), got {self.d_key}")
+        if self.topk > self.num_subkeys:
+            raise ValueError(
+                f"PKMConfig.topk must be <= num_subkeys ({self.num_subkeys}), got {self.topk}"
+            )
+        if self.score not in get_args(Score):
+            raise ValueError(f"PKMConfig.score must be one of {get_args(Score)}, got {self.score!r}")
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_subkeys**2
+
+
+class PKM(nn.Module):
+    """x (B, T, d) -> residual update (B, T, d); the caller does h = h + pkm(h).
+
+    The module normalises its own input (RMSNorm), so the block does not add another norm.
+    Heads are **summed**: every head makes its own top-k read of the shared value table with its
+    own softmax weights, and the k·H weighted rows go into one embedding-bag sum (Lample et al.).
+    """
+
+    def __init__(self, d_model: int, config: PKMConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.norm = RMSNorm(d_model)
+        self.query = nn.Linear(d_model, c.heads * c.d_key)
+        # (H, 2, S, d_k/2): one pair of codebooks per head
+        self.keys = nn.Parameter(torch.empty(c.heads, 2, c.num_subkeys, c.d_key // 2))
+        self.values = nn.EmbeddingBag(c.num_slots, c.d_value, mode="sum", sparse=True)
+        self.out_proj = nn.Linear(c.d_value, d_model, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        c = self.config
+        bound = 1.0 / math.sqrt(c.d_key)
+        nn.init.uniform_(self.keys, -bound, bound)
+        nn.init.normal_(self.values.weight, std=c.d_value**-0.5)
+        nn.init.normal_(self.query.weight, std=0.02)
+        nn.init.zeros_(self.query.bias)
+        nn.init.normal_(self.out_proj.weight, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        c = self.config
+        q = self.query(self.norm(x)).view(B, T, c.heads, 2, c.d_key // 2)  # (B, T, H, 2, d_k/2)
+        scores, idx = self.lookup(q)  # (B, T, H, k) each
+        w = scores.softmax(dim=-1)  # (B, T, H, k)
+        flat_idx = idx.reshape(B * T, c.heads * c.topk)  # (B·T, H·k)
+        flat_w = w.reshape(B * T, c.heads * c.topk).to(self.values.weight.dtype)
+        read = self.values(flat_idx, per_sample_weights=flat_w)  # (B·T, d_v), summed over heads
+        return self.out_proj(read.view(B, T, c.d_value).to(x.dtype))
+
+    def lookup(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """Product-key top-k. q (B, T, H, 2, d_k/2) -> scores, slot indices, each (B, T, H, k)."""
+        c = self.config
+        k, S = c.topk, c.num_subkeys
+        keys = self.keys.to(q.dtype)
+        qk = torch.einsum("bthcd,hcsd->bthcs", q, keys)  # (B, T, H, 2, S)
+        if c.score == "dot":
+            sub_scores, sub_idx = qk.topk(k, dim=-1)  # (B, T, H, 2, k)
+        else:
+            # −log is decreasing, so the top-k scores are the k smallest squared distances: rank
+            # on distances and take the log of the k winners only, not of all S.
+            dist = q.pow(2).sum(-1, keepdim=True) - 2 * qk + keys.pow(2).sum(-1)  # (B, T, H, 2, S)
+            near, sub_idx = dist.clamp_min(0).topk(k, dim=-1, largest=False)  # (B, T, H, 2, k)
+            sub_scores = -torch.log(IDW_EPS + near)
+        s1, s2 = sub_scores.unbind(dim=-2)  # (B, T, H, k) each
+        i1, i2 = sub_idx.unbind(dim=-2)
+        cand_scores = (s1.unsqueeze(-1) + s2.unsqueeze(-2)).flatten(-2)  # (B, T, H, k·k)
+        cand_idx = (i1.unsqueeze(-1) * S + i2.unsqueeze(-2)).flatten(-2)  # (B, T, H, k·k)
+        scores, best = cand_scores.topk(k, dim=-1)  # (B, T, H, k)
+        return scores, cand_idx.gather(-1, best)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"slots={c.num_slots}, heads={c.heads}, topk={c.topk}, score={c.score}"
+
+
+def pkm_reference(x: Tensor, module: PKM, values: Tensor) -> Tensor:
+    """Loop-based reference of PKM.forward for tests: one (row, token, head) at a time, full S
+    scores per codebook with the direct distance ‖q − K‖², plain loops over the k×k candidates.
+    `values` (N, d_v) is passed as a dense tensor so a test can take its gradient."""
+    c = module.config
+    B, T, _ = x.shape
+    q = module.query(module.norm(x)).view(B, T, c.heads, 2, c.d_key // 2)
+    rows = []
+    for b in range(B):
+        for t in range(T):
+            read = values.new_zeros(c.d_value)
+            for h in range(c.heads):
+                best_per_codebook = []
+                for m in range(2):
+                    qm, km = q[b, t, h, m], module.keys[h, m]
+                    if c.score == "dot":
+                        s = torch.stack([qm @ km[i] for i in range(c.num_subkeys)])
+                    else:
+                        s = torch.stack(
+                            [-torch.log(IDW_EPS + ((qm - km[i]) ** 2).sum()) for i in range(c.num_subkeys)]
+                        )
+                    top = sorted(range(c.num_subkeys), key=lambda i: -s[i].item())[: c.topk]
+                    best_per_codebook.append([(s[i], i) for i in top])
+                candidates = [
+                    (sa + sb, a * c.num_subkeys + bb)
+                    for sa, a in best_per_codebook[0]
+                    for sb, bb in best_per_codebook[1]
+                ]
+                candidates.sort(key=lambda pair: -pair[0].item())
+                chosen = candidates[: c.topk]
+                w = torch.softmax(torch.stack([s for s, _ in chosen]), dim=0)
+                for j, (_, slot) in enumerate(chosen):
+                    read = read + w[j] * values[slot]
+            rows.append(read)
+    read = torch.stack(rows).view(B, T, c.d_value)
+    return F.linear(read, module.out_proj.weight)

@@ -1,0 +1,173 @@
+"""The one hook protocol every continual-learning strategy implements (ARCHITECTURE.md contract 3).
+
+The LightningModule owns the training loop and calls these hooks; a strategy never runs a loop
+of its own. Order of calls within one experience t:
+
+    on_experience_start(ctx)
+    for each training batch:
+        batch = transform_batch(batch, ctx)          # replay mixes in stored data
+        outputs = model(batch)                       # fast-weight writes happen inside forward
+        after_write(ctx)                             # e.g. undo writes to frozen slots
+        losses = {"lm": lm_loss, **extra_losses(batch, outputs, ctx)}
+        backward(sum(losses.values()))               # each term logged under its own name
+        after_backward(ctx)                          # e.g. mask gradients
+    on_experience_end(ctx)                           # e.g. consolidate, store replay data
+
+Extra loss terms are *returned*, never added to a shared loss object, so the module can log each
+one and a composite of strategies cannot silently overwrite another's term. `after_backward` and
+`extra_losses` only run on batches that take an outer-optimiser step (none in 'fast' mode, where
+slow weights are frozen). Strategies reach the memory through the model's public slot knobs
+(write mask, read counts, slot reset), never through layer internals.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from torch import Tensor, nn
+
+from cl_platform.results import Mode
+
+# Whatever the training DataLoader yields; `transform_batch` must return the same structure.
+Batch = Any
+
+
+@dataclass
+class StrategyContext:
+    """What a hook may look at. Built and kept current by the LightningModule.
+
+    model:        the network; its FwPKM layers expose the public slot knobs
+    experience:   1-based index t of the current experience (results row t after it ends)
+    domain:       the domain experience t trains
+    global_step:  optimiser steps so far over the whole run (Lightning's `global_step`)
+    mode:         'fast' (slow weights frozen, fast weights adapt) or 'finetune'
+    extras:       anything else a runner passes on (e.g. the stream, the number of experiences);
+                  strategies must treat a missing key as "not available"
+    """
+
+    model: nn.Module
+    experience: int
+    domain: str
+    global_step: int = 0
+    mode: Mode = "fast"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.experience < 1:
+            raise ValueError(f"StrategyContext.experience must be >= 1, got {self.experience}")
+        if self.mode not in get_args(Mode):
+            raise ValueError(
+                f"StrategyContext.mode is {self.mode!r}, expected one of {get_args(Mode)}"
+            )
+
+
+class Strategy:
+    """Base class: every hook is a no-op, so a strategy overrides only what it changes.
+
+    A strategy with state (replay buffer, Fisher information, a teacher snapshot) overrides
+    `state_dict` / `load_state_dict` so that a resumed run continues exactly.
+    """
+
+    def on_experience_start(self, ctx: StrategyContext) -> None:
+        """Before the first training batch of experience `ctx.experience`."""
+
+    def on_experience_end(self, ctx: StrategyContext) -> None:
+        """After the last training batch of the experience, before it is evaluated."""
+
+    def transform_batch(self, batch: Batch, ctx: StrategyContext) -> Batch:
+        """Return the batch to train on (training batches only; evaluation is never changed)."""
+        return batch
+
+    def extra_losses(self, batch: Batch, outputs: Any, ctx: StrategyContext) -> dict[str, Tensor]:
+        """Scalar loss terms to add to the LM loss, keyed by a name unique across strategies.
+
+        Names are logged as given, so prefix them with the strategy (e.g. "ewc/penalty").
+        """
+        return {}
+
+    def after_write(self, ctx: StrategyContext) -> None:
+        """After the forward pass has applied this batch's fast-weight writes."""
+
+    def after_backward(self, ctx: StrategyContext) -> None:
+        """After gradients are computed, before the optimiser step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume; must be savable with `torch.save`."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # A stateless strategy handed state means a checkpoint from another strategy; loading it
+        # silently would resume a different experiment.
+        if state:
+            raise ValueError(
+                f"{type(self).__name__} keeps no state but was given keys {sorted(state)}"
+            )
+
+
+class CompositeStrategy(Strategy):
+    """Runs several strategies in the given order, as one.
+
+    Batches pass through each `transform_batch` in turn; loss dicts are merged and a name
+    returned by two strategies is an error (one term would silently replace the other).
+    """
+
+    def __init__(self, strategies: list[Strategy]):
+        self.strategies = list(strategies)
+
+    def on_experience_start(self, ctx: StrategyContext) -> None:
+        for strategy in self.strategies:
+            strategy.on_experience_start(ctx)
+
+    def on_experience_end(self, ctx: StrategyContext) -> None:
+        for strategy in self.strategies:
+            strategy.on_experience_end(ctx)
+
+    def transform_batch(self, batch: Batch, ctx: StrategyContext) -> Batch:
+        for strategy in self.strategies:
+            batch = strategy.transform_batch(batch, ctx)
+        return batch
+
+    def extra_losses(self, batch: Batch, outputs: Any, ctx: StrategyContext) -> dict[str, Tensor]:
+        merged: dict[str, Tensor] = {}
+        owner: dict[str, str] = {}
+        for i, strategy in enumerate(self.strategies):
+            who = f"{type(strategy).__name__} (#{i})"
+            for name, loss in strategy.extra_losses(batch, outputs, ctx).items():
+                if name in merged:
+                    raise ValueError(f"loss name {name!r} returned by both {owner[name]} and {who}")
+                merged[name] = loss
+                owner[name] = who
+        return merged
+
+    def after_write(self, ctx: StrategyContext) -> None:
+        for strategy in self.strategies:
+            strategy.after_write(ctx)
+
+    def after_backward(self, ctx: StrategyContext) -> None:
+        for strategy in self.strategies:
+            strategy.after_backward(ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        # The class name travels with each state so that a checkpoint from a differently
+        # composed run is refused instead of loaded into the wrong strategy.
+        return {
+            "strategies": [
+                {"class": type(strategy).__name__, "state": strategy.state_dict()}
+                for strategy in self.strategies
+            ]
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        entries = state.get("strategies")
+        if not isinstance(entries, list) or len(entries) != len(self.strategies):
+            found = len(entries) if isinstance(entries, list) else "no"
+            raise ValueError(
+                f"CompositeStrategy of {len(self.strategies)} strategies given state for {found}"
+            )
+        for i, (strategy, entry) in enumerate(zip(self.strategies, entries)):
+            expected = type(strategy).__name__
+            if entry.get("class") != expected:
+                raise ValueError(
+                    f"CompositeStrategy state #{i} is for {entry.get('class')!r}, "
+                    f"expected {expected!r}"
+                )
+            strategy.load_state_dict(entry["state"])

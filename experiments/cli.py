@@ -1,0 +1,65 @@
+"""`clp`: the platform's command line.
+
+    clp bench layer [--quick]            FwPKM layer throughput / memory table (BENCHMARKS.md)
+    clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
+    clp data stats CONFIG                documents / tokens / segments per domain and split
+
+The CLI lives in `experiments/` because it is the composition root: it wires `streams`,
+`strategies` and `analysis` to `cl_platform`, which must not import them (see ARCHITECTURE.md).
+Each subcommand is a thin call into the module that owns the work; imports are lazy so that
+`clp --help` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _bench_layer(args: argparse.Namespace) -> int:
+    from experiments.bench_layer import main
+
+    return main(quick=args.quick, threads=args.threads)
+
+
+def _tokenizer_build(args: argparse.Namespace) -> int:
+    from streams.tokenizer_build import main
+
+    return main(out=args.out, vocab_size=args.vocab_size)
+
+
+def _data_stats(args: argparse.Namespace) -> int:
+    from streams.stats import main
+
+    return main(config=args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clp", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
+    layer = bench.add_parser("layer", help="FwPKM layer tokens/s and peak memory")
+    layer.add_argument("--quick", action="store_true", help="fewer sizes and repeats (smoke run)")
+    layer.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    layer.set_defaults(func=_bench_layer)
+
+    tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
+    build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")
+    build.add_argument("--out", default=None, help="output tokenizer.json (default: the shipped file)")
+    build.add_argument("--vocab-size", type=int, default=4096)
+    build.set_defaults(func=_tokenizer_build)
+
+    data = sub.add_parser("data", help="domain data").add_subparsers(dest="what", required=True)
+    stats = data.add_parser("stats", help="per-domain, per-split statistics of a stream config")
+    stats.add_argument("config", help="stream YAML, e.g. experiments/streams/default.yaml")
+    stats.set_defaults(func=_data_stats)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

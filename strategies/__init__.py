@@ -1,0 +1,24 @@
+"""Continual-learning strategies, one file each, against the hooks in `cl_platform.strategy`.
+
+A new strategy is added to `STRATEGIES` by hand: the registry is the list of what exists, and a
+test checks that every `Strategy` subclass in this package is in it.
+"""
+
+from typing import Any
+
+from cl_platform.strategy import Strategy
+from strategies.naive import NaiveStrategy
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "naive": NaiveStrategy,
+}
+
+
+def get_strategy(name: str, **kwargs: Any) -> Strategy:
+    """Build the strategy registered as `name` with `kwargs` passed to its constructor."""
+    try:
+        cls = STRATEGIES[name]
+    except KeyError:
+        allowed = ", ".join(sorted(STRATEGIES))
+        raise ValueError(f"unknown strategy {name!r}; allowed: {allowed}") from None
+    return cls(**kwargs)

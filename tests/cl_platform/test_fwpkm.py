@@ -1,0 +1,285 @@
+"""FwPKM fast path against the independent test vectors and the loop reference (`fwpkm_naive`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cl_platform.fwpkm import (
+    FwPKM,
+    FwPKMConfig,
+    NonFiniteWriteError,
+    fwpkm_chunked,
+    init_state,
+    zscore,
+)
+from cl_platform.fwpkm_naive import naive_fwpkm
+
+VECTORS = Path(__file__).parent / "data" / "fwpkm_vectors.pt"
+
+
+def sort_by_index(idx, w):
+    order = idx.argsort(-1)
+    return idx.gather(-1, order), w.gather(-1, order)
+
+
+def test_reproduces_independent_vectors():
+    d = torch.load(VECTORS, weights_only=True)
+    B, T, dk, dv, S, k, C = d["config"].tolist()
+    assert T % C != 0  # the case covers a short last chunk
+    cfg = FwPKMConfig(num_subkeys=S, d_key=dk, d_value=dv, topk=k, chunk=C)
+    keys, values = d["keys0"].clone().view(1, 2, S, dk // 2), d["values0"].clone()
+    after = []
+    out = fwpkm_chunked(d["q"], d["v"], d["g"], keys, values, cfg, on_chunk=lambda r: after.append(r))
+    i1, w1 = sort_by_index(out.lookup.idx[:, :, 0], out.lookup.weights[:, :, 0])
+    i2, w2 = sort_by_index(d["indices"], d["weights"])
+    assert torch.equal(i1, i2)
+    tol = dict(atol=1e-6, rtol=0)
+    torch.testing.assert_close(w1, w2, **tol)
+    torch.testing.assert_close(out.vhat, d["vhat"], **tol)
+    torch.testing.assert_close(after[0].keys[0], d["keys_after_chunk0"], **tol)
+    torch.testing.assert_close(after[0].values, d["values_after_chunk0"], **tol)
+    torch.testing.assert_close(out.keys[0], d["keys_final"], **tol)
+    torch.testing.assert_close(values, d["values_final"], **tol)
+    torch.testing.assert_close(out.addr_loss, d["addr_loss"], **tol)
+
+
+def test_naive_reference_reproduces_vectors():
+    d = torch.load(VECTORS, weights_only=True)
+    B, T, dk, dv, S, k, C = d["config"].tolist()
+    cfg = FwPKMConfig(num_subkeys=S, d_key=dk, d_value=dv, topk=k, chunk=C)
+    ref = naive_fwpkm(d["q"], d["v"], d["g"], d["keys0"].view(1, 2, S, dk // 2), d["values0"], cfg)
+    torch.testing.assert_close(ref["vhat"].detach(), d["vhat"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(ref["states"][-1][1].detach(), d["values_final"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(ref["states"][-1][0][0].detach(), d["keys_final"], atol=1e-6, rtol=0)
+
+
+def random_case(B, T, cfg, seed, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    D = cfg.d_key * cfg.heads
+    q = torch.randn(B, T, D, generator=g, dtype=torch.float64) * 0.5
+    v = zscore(torch.randn(B, T, cfg.d_value, generator=g, dtype=torch.float64))
+    gate = torch.rand(B, T, generator=g, dtype=torch.float64)
+    keys, values = init_state(cfg, torch.Generator().manual_seed(seed + 1))
+    if requires_grad:
+        for t in (q, v, gate):
+            t.requires_grad_(True)
+    return q, v, gate, keys.double(), values.double()
+
+
+CASES = [
+    # (B, T, heads, lookahead, chunk): awkward sizes, T not a multiple of C, batch > 1
+    (2, 63, 1, True, 16),
+    (1, 20, 2, True, 7),
+    (2, 33, 1, False, 10),
+]
+
+
+@pytest.mark.parametrize("B,T,H,lookahead,C", CASES)
+def test_fast_matches_naive_outputs_states_and_gradients(B, T, H, lookahead, C):
+    cfg = FwPKMConfig(num_subkeys=6, d_key=8, d_value=5, heads=H, topk=3, chunk=C, lookahead=lookahead)
+    q, v, g, keys, values = random_case(B, T, cfg, seed=T + H, requires_grad=True)
+    ref = naive_fwpkm(q, v, g, keys, values, cfg)
+
+    fast_states = []
+    table = values.clone()
+    out = fwpkm_chunked(q, v, g, keys, table, cfg, on_chunk=lambda r: fast_states.append((r.keys, r.values)))
+    assert torch.equal(out.lookup.idx.sort(-1).values, ref["idx"].sort(-1).values)
+    torch.testing.assert_close(out.vhat, ref["vhat"], atol=1e-10, rtol=1e-10)
+    assert len(fast_states) == len(ref["states"]) == -(-T // C)
+    for (fk, fv), (rk, rv) in zip(fast_states, ref["states"]):
+        torch.testing.assert_close(fk, rk.detach(), atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(fv, rv.detach(), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(table, ref["states"][-1][1].detach(), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.addr_loss, torch.stack(ref["addr_loss"]).detach(), atol=1e-10, rtol=1e-10)
+
+    # Gradients through the writes: a loss on every read-out and on the final keys reaches q, v, g
+    # of earlier chunks only through ΔV and ΔK.
+    w_out = torch.randn(out.vhat.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    w_key = torch.randn(out.keys.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    fast_grads = torch.autograd.grad((out.vhat * w_out).sum() + (out.keys * w_key).sum(), (q, v, g))
+    ref_grads = torch.autograd.grad((ref["vhat"] * w_out).sum() + (ref["states"][-1][0] * w_key).sum(), (q, v, g))
+    for name, fg, rg in zip("qvg", fast_grads, ref_grads):
+        assert rg.abs().sum() > 0, name
+        torch.testing.assert_close(fg, rg, atol=1e-9, rtol=1e-8, msg=f"gradient of {name}")
+
+
+def test_gradient_flows_through_writes_into_earlier_chunks():
+    """v of chunk 0 only affects later outputs through the value write (it is not read after chunk 0)."""
+    cfg = FwPKMConfig(num_subkeys=6, d_key=8, d_value=5, topk=3, chunk=8)
+    q, v, g, keys, values = random_case(1, 24, cfg, seed=3, requires_grad=True)
+    out = fwpkm_chunked(q, v, g, keys, values.clone(), cfg)
+    (gv,) = torch.autograd.grad(out.vhat[:, 8:].sum(), v)
+    assert gv[:, 1:8].abs().sum() > 0  # targets y_t = v_{t+1} of chunk 0 moved the rows chunk 1 reads
+    assert gv[:, 16:].abs().sum() == 0  # nothing flows backwards in time
+
+
+def test_write_mask_freezes_rows_bit_for_bit_in_both_modes():
+    cfg = FwPKMConfig(num_subkeys=6, d_key=8, d_value=5, topk=3, chunk=8)
+    q, v, g, keys, values = random_case(2, 40, cfg, seed=11)
+    mask = torch.ones(cfg.num_slots, dtype=torch.bool)
+    mask[::2] = False
+    for grad in (False, True):
+        table = values.clone()
+        qq = q.clone().requires_grad_(grad)
+        fwpkm_chunked(qq, v, g, keys, table, cfg, write_mask=mask)
+        assert torch.equal(table[~mask], values[~mask])
+        assert not torch.equal(table[mask], values[mask])
+    ref = naive_fwpkm(q, v, g, keys, values, cfg, write_mask=mask)
+    torch.testing.assert_close(table, ref["states"][-1][1].detach(), atol=1e-10, rtol=1e-10)
+
+
+def test_training_and_inference_modes_agree():
+    cfg = FwPKMConfig(num_subkeys=8, d_key=8, d_value=6, topk=4, chunk=10)
+    q, v, g, keys, values = random_case(2, 37, cfg, seed=5)
+    t_graph, t_plain = values.clone(), values.clone()
+    a = fwpkm_chunked(q.clone().requires_grad_(True), v, g, keys, t_graph, cfg)
+    with torch.no_grad():
+        b = fwpkm_chunked(q, v, g, keys, t_plain, cfg)
+    torch.testing.assert_close(a.vhat.detach(), b.vhat, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(t_graph, t_plain, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(a.keys.detach(), b.keys, atol=1e-12, rtol=1e-12)
+
+
+def test_read_counts_count_every_pick():
+    cfg = FwPKMConfig(num_subkeys=6, d_key=8, d_value=5, heads=2, topk=3, chunk=8)
+    q, v, g, keys, values = random_case(2, 13, cfg, seed=2)
+    counts = torch.zeros(cfg.num_slots, dtype=torch.long)
+    out = fwpkm_chunked(q, v, g, keys, values, cfg, read_counts=counts)
+    assert int(counts.sum()) == 2 * 13 * 2 * 3
+    assert torch.equal(counts, torch.bincount(out.lookup.idx.reshape(-1), minlength=cfg.num_slots))
+
+
+# --- the module ------------------------------------------------------------------------------
+
+
+def small_layer(seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = FwPKMConfig(num_subkeys=8, d_key=8, d_value=6, topk=4, chunk=kw.pop("chunk", 8), **kw)
+    return FwPKM(16, cfg).double()
+
+
+def test_module_matches_naive_composition_and_slow_gradients():
+    layer = small_layer()
+    x = torch.randn(2, 21, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    before = layer.snapshot()
+    y = layer(x)
+    loss = (y * torch.linspace(-1, 1, 16, dtype=torch.float64)).sum()
+    grads = torch.autograd.grad(loss, list(layer.parameters()))
+    after = layer.snapshot()
+
+    layer.restore(before)
+    q = layer.proj_q(layer.norm_q(x))
+    v = zscore(layer.proj_v(layer.norm_v(x)))
+    g = torch.sigmoid(layer.proj_g(layer.norm_g(x))).squeeze(-1)
+    ref = naive_fwpkm(q, v, g, before.keys, before.values, layer.config)
+    o = g.unsqueeze(-1) * ref["vhat"] + (1 - g).unsqueeze(-1) * v
+    y_ref = layer.proj_o(layer.norm_o(o))
+    torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
+    ref_grads = torch.autograd.grad((y_ref * torch.linspace(-1, 1, 16, dtype=torch.float64)).sum(), list(layer.parameters()))
+    for (name, _), a, b in zip(layer.named_parameters(), grads, ref_grads):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-8, msg=name)
+    torch.testing.assert_close(after.values, ref["states"][-1][1].detach(), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(after.keys, ref["states"][-1][0].detach(), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_causal_across_chunk_boundaries_with_writes(grad):
+    layer = small_layer(chunk=5)
+    x = torch.randn(2, 23, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    snap = layer.snapshot()
+    with torch.set_grad_enabled(grad):
+        y0 = layer(x.requires_grad_(grad))
+        for t in (3, 4, 5, 9, 14, 20):
+            layer.restore(snap)
+            x2 = x.detach().clone()
+            x2[:, t + 1 :] += torch.randn_like(x2[:, t + 1 :])
+            y1 = layer(x2.requires_grad_(grad))
+            assert torch.equal(y0[:, : t + 1], y1[:, : t + 1]), t
+            assert not torch.allclose(y0[:, t + 1 :], y1[:, t + 1 :])
+
+
+def test_state_persists_across_calls_like_one_long_call():
+    layer = small_layer(chunk=6)
+    x = torch.randn(1, 24, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    snap = layer.snapshot()
+    with torch.no_grad():
+        whole = layer(x)
+        end_whole = layer.snapshot()
+        layer.restore(snap)
+        parts = torch.cat([layer(x[:, :12]), layer(x[:, 12:])], dim=1)
+    torch.testing.assert_close(parts, whole, atol=1e-12, rtol=0)
+    torch.testing.assert_close(layer.values, end_whole.values, atol=1e-12, rtol=0)
+
+
+def test_snapshot_restore_reset_and_disabled_writes():
+    layer = small_layer()
+    x = torch.randn(1, 16, 16, dtype=torch.float64)
+    snap = layer.snapshot()
+    with torch.no_grad():
+        layer.writes_enabled = False
+        y_a = layer(x)
+        assert torch.equal(layer.values, snap.values) and torch.equal(layer.keys, snap.keys)
+        y_b = layer(x)
+        assert torch.equal(y_a, y_b)  # nothing written, same reads
+        layer.writes_enabled = True
+        layer(x)
+        assert not torch.equal(layer.values, snap.values)
+        layer.restore(snap)
+        assert torch.equal(layer.values, snap.values) and torch.equal(layer.keys, snap.keys)
+        layer.reset(torch.Generator().manual_seed(0))
+        ref = init_state(layer.config, torch.Generator().manual_seed(0))
+        assert torch.equal(layer.values, ref.values.double()) and torch.equal(layer.keys, ref.keys.double())
+
+
+def test_reset_per_call_persistence_starts_every_call_fresh():
+    layer = small_layer(persistence="reset_per_call")
+    x = torch.randn(1, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        a = layer(x)
+        torch.manual_seed(3)
+        b = layer(x)
+    assert torch.equal(a, b)
+
+
+def test_fast_weights_are_buffers_not_parameters():
+    layer = small_layer()
+    names = {n for n, _ in layer.named_parameters()}
+    assert not names & {"keys", "values", "write_mask", "read_counts"}
+    assert {"keys", "values", "write_mask", "read_counts"} <= set(layer.state_dict())
+
+
+def test_usage_stats_formulas():
+    layer = small_layer()
+    layer.read_counts.zero_()
+    layer.read_counts[:4] = torch.tensor([3, 1, 0, 4])  # N = 64 slots, 8 reads
+    stats = layer.usage_stats()
+    assert stats["coverage"] == pytest.approx(3 / 64)
+    assert stats["collision_rate"] == pytest.approx(7 / 8)
+    p = torch.tensor([3, 1, 4], dtype=torch.float64) / 8
+    assert stats["kl_uniform"] == pytest.approx(float((p * torch.log(p * 64)).sum()))
+
+
+def test_non_finite_write_is_reported_with_layer_and_chunk():
+    layer = small_layer(chunk=4)
+    layer.name = "layer3.fwpkm"
+    x = torch.randn(1, 12, 16, dtype=torch.float64)
+    with torch.no_grad():
+        layer.proj_v.weight[0, 0] = float("inf")
+        before = layer.snapshot()
+        with pytest.raises(NonFiniteWriteError, match=r"layer3\.fwpkm.*chunk 0"):
+            layer(x)
+    assert torch.equal(layer.values, before.values)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("num_subkeys", 0), ("d_key", 7), ("topk", 9), ("chunk", 1), ("heads", 0), ("lr_values", float("nan")), ("persistence", "sometimes")],
+)
+def test_invalid_config_names_the_field(field, value):
+    kwargs = dict(num_subkeys=8, d_key=8, d_value=4, topk=4)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=field):
+        FwPKMConfig(**kwargs)

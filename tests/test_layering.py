@@ -1,0 +1,100 @@
+"""Dependencies point one way: experiments → strategies, streams, analysis → cl_platform.
+
+Imports are read from the source (every `import` anywhere in a file, including ones inside
+functions and TYPE_CHECKING blocks), so a lazy import cannot hide a wrong-way dependency.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("cl_platform", "streams", "strategies", "experiments", "analysis")
+
+# Everything that imports torch when imported: analysis must run where none of it is installed.
+TORCH_STACK = {
+    "torch", "torchvision", "torchaudio", "torchmetrics",
+    "lightning", "lightning_fabric", "pytorch_lightning", "avalanche",
+}
+
+FORBIDDEN: dict[str, set[str]] = {
+    "cl_platform": {"streams", "strategies", "experiments", "analysis"},
+    "streams": {"strategies", "experiments", "analysis"},
+    "strategies": {"streams", "experiments", "analysis"},
+    "analysis": {"streams", "strategies", "experiments"} | TORCH_STACK,
+    "experiments": set(),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+    return found
+
+
+def _python_files() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_packages_exist():
+    assert all((ROOT / pkg / "__init__.py").is_file() for pkg in PACKAGES)
+
+
+@pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_dependency_direction(path):
+    owner = path.relative_to(ROOT).parts[0]
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for line, name in _imported_modules(path)
+        if name.split(".")[0] in FORBIDDEN[owner]
+    ]
+    assert not bad, f"{owner} must not import these (see ARCHITECTURE.md):\n" + "\n".join(bad)
+
+
+def test_resolves_relative_imports(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    module = tmp_path / "analysis" / "sub" / "mod.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "from . import a\nfrom ..table import b\nfrom ... import streams\nimport torch.nn\n"
+    )
+    assert [name for _, name in _imported_modules(module)] == [
+        "analysis.sub", "analysis.table", "", "torch.nn"
+    ]
+
+
+def test_analysis_imports_without_torch():
+    # The source check above cannot see what a cl_platform module (or cl_platform/__init__.py)
+    # pulls in when analysis imports it; importing for real in a clean interpreter can.
+    modules = sorted(_module_name(p) for p in (ROOT / "analysis").rglob("*.py"))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"print(sorted(m for m in {sorted(TORCH_STACK)!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", f"importing analysis loaded {out.stdout.strip()}"
