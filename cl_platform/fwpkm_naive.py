@@ -38,9 +38,11 @@ def naive_fwpkm(
     for c0 in range(0, T, C if write else T):
         c1 = min(c0 + (C if write else T), T)
         topsub = {}  # (b, t, h, m) -> top-k sub-key ids
+        reads = []
         for b in range(B):
             for t in range(c0, c1):
-                read = 0
+                # Row (b, t) of the chunk's dense read matrix: weight w/H at every picked slot.
+                read = torch.zeros(S * S, dtype=values.dtype)
                 for h in range(H):
                     qq = q[b, t, h * Dk : (h + 1) * Dk]
                     s = [-torch.log(IDW_EPS + ((qq[m * Dh : (m + 1) * Dh] - keys[h, m]) ** 2).sum(-1)) for m in (0, 1)]
@@ -50,11 +52,15 @@ def naive_fwpkm(
                     cands.sort(key=lambda sc: -sc[0].item())
                     best = cands[:k]
                     w = torch.softmax(torch.stack([sc for sc, _ in best]), 0)
-                    for j, (_, slot) in enumerate(best):
-                        idx_all[b, t, h, j] = slot
-                        read = read + w[j] * values[slot] / H
+                    slots = torch.tensor([slot for _, slot in best])
+                    idx_all[b, t, h] = slots
+                    read = read.index_add(0, slots, w / H)
                     w_all[b][t][h] = w
-                vhat[b][t] = read
+                reads.append(read)
+        # One matmul per chunk (not per token) keeps the double-backward graph small.
+        chunk_vhat = torch.stack(reads) @ values  # (B·L, Dv)
+        for i, (b, t) in enumerate((b, t) for b in range(B) for t in range(c0, c1)):
+            vhat[b][t] = chunk_vhat[i]
         if not write:
             continue
         counts = torch.zeros(S * S, dtype=values.dtype)
