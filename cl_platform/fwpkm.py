@@ -144,7 +144,53 @@ def product_key_lookup(q: Tensor, keys: Tensor, topk: int) -> tuple[Lookup, SubK
     return Lookup(idx.view(*lead, H, topk), w.view(*lead, H, topk)), SubKeys(qh, sub_idx, d2)
 
 
-def addressing_step(sub: SubKeys, keys: Tensor, cfg: FwPKMConfig) -> tuple[Tensor, Tensor]:
+class RankSum:
+    """Sums a write's statistics over data-parallel ranks, so that every rank applies the write
+    the whole global batch implies and all ranks keep the same memory.
+
+    The paper's code lets each rank write from its own shard, so memories drift apart. Here the
+    slot ids of a chunk are united across ranks, and the per-slot read counts N_i, the value-write
+    sums, the addressing marginals and the key gradient are all-reduced: the result equals one
+    process writing from the concatenated batch. Forward values are global; gradients flow through
+    this rank's own contribution only (other ranks' shares enter as constants).
+    """
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        self.dist, self.group = dist, group
+
+    def union(self, ids: Tensor) -> Tensor:
+        """Sorted union of every rank's sorted unique ids."""
+        dist = self.dist
+        world = dist.get_world_size(self.group)
+        n = torch.tensor([ids.numel()], device=ids.device)
+        sizes = [torch.zeros_like(n) for _ in range(world)]
+        dist.all_gather(sizes, n, group=self.group)
+        longest = int(max(int(x) for x in sizes))
+        padded = torch.full((longest,), -1, dtype=ids.dtype, device=ids.device)
+        padded[: ids.numel()] = ids
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(parts, padded, group=self.group)
+        every = torch.cat(parts)
+        return torch.unique(every[every >= 0])
+
+    def sum(self, t: Tensor) -> Tensor:
+        total = t.detach().clone()
+        self.dist.all_reduce(total, group=self.group)
+        return t + (total - t.detach()) if t.requires_grad else total
+
+
+def data_parallel_reducer() -> RankSum | None:
+    """A `RankSum` when running under torch.distributed with more than one rank, else None."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return RankSum()
+    return None
+
+
+def addressing_step(sub: SubKeys, keys: Tensor, cfg: FwPKMConfig, ranks: RankSum | None = None) -> tuple[Tensor, Tensor]:
     """Addressing loss of one chunk and its gradient w.r.t. the keys, in closed form.
 
     L = λ Σ_{h,m} −H(p̄^{h,m}),  p̄ = mean over the chunk's M tokens of softmax over each token's
@@ -158,17 +204,24 @@ def addressing_step(sub: SubKeys, keys: Tensor, cfg: FwPKMConfig) -> tuple[Tenso
     M = sub.idx.shape[0]
     p = torch.softmax(-torch.log(IDW_EPS + sub.d2), dim=-1)  # (M, H, 2, k)
     flat = sub.idx + (torch.arange(H * 2, device=p.device) * S).view(H, 2, 1)  # (M, H, 2, k) ids in H·2·S
-    pbar = torch.zeros(H * 2 * S, dtype=p.dtype, device=p.device).index_add(0, flat.reshape(-1), p.reshape(-1)) / M
+    psum = torch.zeros(H * 2 * S, dtype=p.dtype, device=p.device).index_add(0, flat.reshape(-1), p.reshape(-1))
+    M_all = M  # tokens behind the marginal: this call's, or every rank's
+    if ranks is not None:
+        M_all = int(ranks.sum(torch.tensor([M], device=p.device)))
+        psum = ranks.sum(psum)
+    pbar = psum / M_all
     logp = torch.log(pbar + ENTROPY_EPS)
     loss = cfg.addr_weight * (pbar * logp).sum()  # = λ Σ −H(p̄)
     G = cfg.addr_weight * (logp + pbar / (pbar + ENTROPY_EPS))  # (H·2·S,)
     g_sel = G[flat]
-    ds = p * (g_sel - (p * g_sel).sum(-1, keepdim=True)) / M  # (M, H, 2, k)
+    ds = p * (g_sel - (p * g_sel).sum(-1, keepdim=True)) / M_all  # (M, H, 2, k)
     coef = ds * (2.0 / (IDW_EPS + sub.d2))
     A = torch.zeros(M, H, 2, S, dtype=p.dtype, device=p.device).scatter_add(-1, sub.idx, coef)  # (M, H, 2, S)
     A = A.permute(1, 2, 3, 0).reshape(H * 2, S, M)
     q_hc = sub.q.permute(1, 2, 0, 3).reshape(H * 2, M, Dh)
     grad = torch.bmm(A, q_hc) - A.sum(-1, keepdim=True) * keys.reshape(H * 2, S, Dh)
+    if ranks is not None:
+        grad = ranks.sum(grad)
     return loss, grad.view(H, 2, S, Dh)
 
 
@@ -251,6 +304,7 @@ def fwpkm_chunked(
     read_counts: Tensor | None = None,
     on_chunk: Callable[[ChunkRecord], None] | None = None,
     name: str = "fwpkm",
+    ranks: RankSum | None = None,
 ) -> ChunkedOutput:
     """Core FwPKM math over one call: chunked reads, each followed by that chunk's write.
 
@@ -259,6 +313,7 @@ def fwpkm_chunked(
     the returned keys are the new key state. With grad enabled, the reads of chunk c+1 are
     differentiable functions of q, v, g of chunks ≤ c (training through the writes).
     `write_mask` (N,) bool: False rows never change. `read_counts` (N,) int64 gets += reads.
+    `ranks`: sum the writes (and read counts) over data-parallel ranks (see `RankSum`).
     """
     B, T, _ = q.shape
     H, k, S, Dh = cfg.heads, cfg.topk, cfg.num_subkeys, cfg.d_key // 2
@@ -281,6 +336,14 @@ def fwpkm_chunked(
         vhat = vhat.view(B, L, H, -1).mean(2)  # heads share the table; their read-outs average
         vhats.append(vhat)
         looks.append(look)
+        # Slots of the write: this call's own picks, or their union over ranks; `pick_row` maps
+        # every pick to its row among them and `counts` becomes the global N_i.
+        pick_row = inv
+        if ranks is not None:
+            local = uidx
+            uidx = ranks.union(local)
+            pick_row = torch.searchsorted(uidx, local)[inv]
+            counts = ranks.sum(torch.zeros_like(uidx).index_add_(0, pick_row, torch.ones_like(inv)))
         if read_counts is not None:
             read_counts.index_add_(0, uidx, counts)
         addr = None
@@ -290,11 +353,11 @@ def fwpkm_chunked(
                 y = v[:, c0 + 1 : c1]
                 err = vhat[:, :-1] - y  # (B, L−1, Dv)
                 coef = g[:, c0 : c1 - 1, None, None] * look.weights[:, :-1]  # (B, L−1, H, k)
-                pick_idx = inv.view(B, L, H, k)[:, :-1]
+                pick_idx = pick_row.view(B, L, H, k)[:, :-1]
             else:
                 err = vhat - v[:, c0:c1]
                 coef = g[:, c0:c1, None, None] * look.weights
-                pick_idx = inv.view(B, L, H, k)
+                pick_idx = pick_row.view(B, L, H, k)
             # ΔV_i = −η·kH/N_i · ∂/∂V_i ½ Σ g‖v̂ − y‖², with v̂ = mean_h Σ_j w V[idx] so that
             # ∂/∂V_i = Σ over i's picks of g·w/H·(v̂ − y). The per-row factor is folded into the
             # (small) per-pick coefficients before the scatter.
@@ -304,11 +367,13 @@ def fwpkm_chunked(
             delta = err.new_zeros(uidx.numel(), err.shape[-1]).index_add(
                 0, pick_idx.reshape(-1), contrib.reshape(-1, err.shape[-1])
             )  # (U, Dv)
+            if ranks is not None:
+                delta = ranks.sum(delta)
             if write_mask is not None:
                 keep = write_mask[uidx]
                 if not bool(keep.all()):
                     uidx, delta = uidx[keep], delta[keep]
-            addr, gk = addressing_step(sub, keys, cfg)
+            addr, gk = addressing_step(sub, keys, cfg, ranks)
             new_keys = keys - cfg.lr_keys * gk
             sq = delta.detach().pow(2).sum()
             _check_finite(sq, new_keys, name, ci)
@@ -432,6 +497,7 @@ class FwPKM(nn.Module):
         out = fwpkm_chunked(
             q, v, g, self.keys, self.values, cfg,
             write=self.writes_enabled, write_mask=self.write_mask, read_counts=self.read_counts, name=self.name,
+            ranks=data_parallel_reducer(),
         )
         # Kept as tensors (no device sync in the hot path); `last_stats` converts on demand.
         self._stats = {"gate_mean": g.detach().mean(), "value_update_norm": out.value_update_sq.sqrt()}

@@ -1,0 +1,56 @@
+"""Data-parallel writes: every rank ends with the memory one process would write from the whole batch."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from cl_platform.fwpkm import FwPKM, FwPKMConfig
+
+WORLD = 2
+
+
+def make_layer_and_batch():
+    torch.manual_seed(0)
+    cfg = FwPKMConfig(num_subkeys=8, d_key=8, d_value=6, topk=4, chunk=5)
+    layer = FwPKM(16, cfg).double()
+    x = torch.randn(2 * WORLD, 17, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return layer, x
+
+
+def run_steps(layer, x):
+    """Two calls: one differentiable (training through the writes), one without a graph."""
+    layer(x.clone().requires_grad_(True)).pow(2).mean().backward()
+    with torch.no_grad():
+        layer(x.flip(1))
+
+
+def worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        layer, x = make_layer_and_batch()
+        run_steps(layer, x[2 * rank : 2 * rank + 2])
+        torch.save({k: v for k, v in layer.state_dict().items() if k in ("keys", "values", "read_counts")},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_hold_identical_memory_equal_to_single_process(tmp_path):
+    mp.spawn(worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD))
+    for key in ("keys", "values", "read_counts"):
+        assert torch.equal(r0[key], r1[key]), key
+
+    layer, x = make_layer_and_batch()
+    start = layer.snapshot()
+    run_steps(layer, x)
+    assert not torch.equal(layer.values, start.values)
+    torch.testing.assert_close(r0["values"], layer.values, atol=1e-12, rtol=0)
+    torch.testing.assert_close(r0["keys"], layer.keys, atol=1e-12, rtol=0)
+    assert torch.equal(r0["read_counts"], layer.read_counts)
