@@ -1,0 +1,109 @@
+"""Document-level splits of one domain: `eval` (held out), `adapt` (streamed) and `pretrain`.
+
+Rule (deterministic from the stream seed and the domain name, and nothing else):
+1. Permute the domain's documents with `numpy.random.default_rng([seed, crc32(name)])`.
+2. Walk the permutation and fill the parts in this order, each with whole documents until its
+   token budget is reached: `eval`, `adapt` (first occurrence of the domain in the stream),
+   `pretrain`, then one fresh `adapt` part per further occurrence (math -> law -> math reads new
+   math documents the second time). Eval and pretrain therefore do not depend on the stream
+   order, and a document is in exactly one part.
+3. Inside each part the documents are put back in source order (file order), because the
+   stream-perplexity protocol reads a domain's documents in the order the corpus gives them.
+
+A document costs its token count + 1 (the `<|endoftext|>` that precedes it in the packed stream).
+The packer cuts the last document of a part so that the part has exactly its budget of tokens
+(every domain then contributes the same number of training steps); see `streams/packing.py`.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from streams.errors import StreamDataError
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """Tokens per split for one domain (document separators included)."""
+
+    pretrain: int = 1_024_000  # for the base model; 0 = this domain is not in pretraining
+    adapt: int = 153_600  # streamed during each experience of the domain
+    eval: int = 40_960  # held out, read by every evaluation
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"token_budget.{f.name} must be a non-negative int, got {v!r}")
+        for name in ("adapt", "eval"):
+            if getattr(self, name) == 0:
+                raise ValueError(f"token_budget.{name} must be positive (every domain is streamed and evaluated)")
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "token_budget") -> "TokenBudget":
+        from streams.sources import check_keys
+
+        check_keys(cls, data, where)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Row indices (into the domain's documents) of each split, each ascending = source order."""
+
+    eval: np.ndarray
+    adapt: list[np.ndarray]  # one part per occurrence of the domain in the stream order
+    pretrain: np.ndarray
+    doc_costs: np.ndarray = field(repr=False)  # tokens + 1 per document, for reporting
+
+    def all_parts(self) -> dict[str, np.ndarray]:
+        parts = {"eval": self.eval, "pretrain": self.pretrain}
+        parts.update({adapt_part_name(i): rows for i, rows in enumerate(self.adapt)})
+        return parts
+
+
+def adapt_part_name(occurrence: int) -> str:
+    """`adapt` for the first occurrence, `adapt#2`, `adapt#3`, ... for recurrences."""
+    return "adapt" if occurrence == 0 else f"adapt#{occurrence + 1}"
+
+
+def domain_permutation(n_docs: int, seed: int, domain: str) -> np.ndarray:
+    # Mixing in the name decorrelates domains that happen to have the same number of documents.
+    rng = np.random.default_rng([seed, zlib.crc32(domain.encode("utf-8"))])
+    return rng.permutation(n_docs)
+
+
+def plan_splits(doc_tokens: np.ndarray, budget: TokenBudget, occurrences: int, seed: int, domain: str) -> SplitPlan:
+    """Assign documents to splits; `doc_tokens[i]` is the token count of document i (no separator)."""
+    if occurrences < 1:
+        raise ValueError(f"domain '{domain}': occurrences must be >= 1, got {occurrences}")
+    costs = np.asarray(doc_tokens, dtype=np.int64) + 1
+    order = domain_permutation(len(costs), seed, domain)
+    cum = np.cumsum(costs[order])
+    wanted = [("eval", budget.eval), ("adapt", budget.adapt), ("pretrain", budget.pretrain)]
+    wanted += [("adapt", budget.adapt)] * (occurrences - 1)
+    total = int(cum[-1]) if len(cum) else 0
+    chosen: list[np.ndarray] = []
+    start, filled = 0, 0
+    for _, b in wanted:
+        if b == 0:
+            chosen.append(np.empty(0, dtype=np.int64))
+            continue
+        if filled + b > total:  # whole documents overshoot, so check part by part, not the sum
+            need = sum(b for _, b in wanted)
+            parts = " + ".join(f"{name} {b:,}" for name, b in wanted if b)
+            raise StreamDataError(
+                domain,
+                f"too small for its token budget: {len(costs):,} documents hold {total:,} tokens "
+                f"(separators included) but the splits need {parts} = {need:,} "
+                f"(plus up to one document of overshoot per split); lower token_budget or add documents",
+            )
+        # First position where the running total reaches the budget of this part.
+        end = int(np.searchsorted(cum, filled + b, side="left")) + 1
+        chosen.append(np.sort(order[start:end]))
+        filled = int(cum[end - 1])
+        start = end
+    eval_rows, first_adapt, pretrain_rows, *more_adapt = chosen
+    return SplitPlan(eval=eval_rows, adapt=[first_adapt, *more_adapt], pretrain=pretrain_rows, doc_costs=costs)

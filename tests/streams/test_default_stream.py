@@ -1,0 +1,39 @@
+"""The shipped default stream at full size (slow: tokenises all four shipped corpora once)."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from streams.stream import load_domains, load_stream_config
+from streams.tokenizer_build import training_sample
+
+DEFAULT = Path(__file__).resolve().parents[2] / "experiments" / "streams" / "default.yaml"
+
+
+@pytest.mark.slow
+def test_default_stream_cold_build_and_tokenizer_sample(stream_cache):
+    cfg = dataclasses.replace(load_stream_config(DEFAULT), cache_dir=str(stream_cache / "default"))
+    t0 = time.perf_counter()
+    domains = load_domains(cfg)
+    cold = time.perf_counter() - t0
+    assert cold < 60, f"cold build took {cold:.0f} s"
+    b = cfg.token_budget
+    for name in ("math", "law", "code", "web"):
+        d = domains[name]
+        for split, budget in [("pretrain", b.pretrain), ("adapt", b.adapt), ("eval", b.eval)]:
+            assert d.splits[split].n_tokens == budget
+            assert len(d.splits[split].segments) == budget // cfg.seq_len
+        held = set(d.document_ids("eval")) | set(d.document_ids("adapt"))
+        assert held.isdisjoint(d.document_ids("pretrain"))
+    # The shipped tokenizer never saw a held-out or streamed document of the default stream.
+    sample = training_sample(cache_dir=Path(cfg.cache_dir))
+    assert set(sample) == {"math", "law", "code", "web"}
+    for name, rows in sample.items():
+        held = set(domains[name].document_ids("eval")) | set(domains[name].document_ids("adapt"))
+        assert held.isdisjoint(rows), name
+    t0 = time.perf_counter()
+    load_domains(cfg)
+    assert time.perf_counter() - t0 < cold

@@ -1,0 +1,81 @@
+"""Document-level split assignment: disjoint, exact fill order, deterministic, clear when too small."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streams.errors import StreamDataError
+from streams.splits import TokenBudget, adapt_part_name, domain_permutation, plan_splits
+
+
+def _tokens(plan_rows, costs):
+    return int(costs[plan_rows].sum())
+
+
+def test_parts_are_disjoint_sorted_and_filled_in_order():
+    doc_tokens = np.array([9, 19, 4, 29, 14, 9, 39, 4, 24, 9] * 5)  # costs 10, 20, 5, 30, ...
+    budget = TokenBudget(pretrain=200, adapt=60, eval=40)
+    plan = plan_splits(doc_tokens, budget, occurrences=2, seed=3, domain="d")
+    parts = plan.all_parts()
+    assert list(parts) == ["eval", "pretrain", "adapt", "adapt#2"]
+    seen: set[int] = set()
+    for name, rows in parts.items():
+        assert np.all(np.diff(rows) > 0), f"{name} not in source order"
+        assert seen.isdisjoint(rows.tolist())
+        seen |= set(rows.tolist())
+    costs = doc_tokens + 1
+    for name, b in [("eval", 40), ("adapt", 60), ("adapt#2", 60), ("pretrain", 200)]:
+        got = _tokens(parts[name], costs)
+        # Whole documents until the budget is reached: at least the budget, less than budget + one doc.
+        assert b <= got < b + costs.max(), (name, got)
+    # Fill order along the permutation: eval, adapt, pretrain, adapt#2.
+    perm = domain_permutation(len(costs), 3, "d").tolist()
+    n_eval, n_adapt, n_pre = len(plan.eval), len(plan.adapt[0]), len(plan.pretrain)
+    assert sorted(perm[:n_eval]) == plan.eval.tolist()
+    assert sorted(perm[n_eval : n_eval + n_adapt]) == plan.adapt[0].tolist()
+    assert sorted(perm[n_eval + n_adapt : n_eval + n_adapt + n_pre]) == plan.pretrain.tolist()
+
+
+def test_deterministic_and_seed_and_name_dependent():
+    doc_tokens = np.arange(1, 201)
+    budget = TokenBudget(pretrain=3000, adapt=1000, eval=500)
+    a = plan_splits(doc_tokens, budget, 1, seed=0, domain="x")
+    b = plan_splits(doc_tokens, budget, 1, seed=0, domain="x")
+    assert all(np.array_equal(a.all_parts()[k], b.all_parts()[k]) for k in a.all_parts())
+    assert not np.array_equal(a.eval, plan_splits(doc_tokens, budget, 1, seed=1, domain="x").eval)
+    assert not np.array_equal(a.eval, plan_splits(doc_tokens, budget, 1, seed=0, domain="y").eval)
+
+
+def test_recurrence_does_not_move_eval_or_pretrain():
+    doc_tokens = np.full(100, 9)
+    budget = TokenBudget(pretrain=300, adapt=100, eval=50)
+    once = plan_splits(doc_tokens, budget, 1, seed=0, domain="m")
+    thrice = plan_splits(doc_tokens, budget, 3, seed=0, domain="m")
+    assert np.array_equal(once.eval, thrice.eval)
+    assert np.array_equal(once.pretrain, thrice.pretrain)
+    assert np.array_equal(once.adapt[0], thrice.adapt[0])
+    assert len(thrice.adapt) == 3 and [adapt_part_name(i) for i in range(3)] == ["adapt", "adapt#2", "adapt#3"]
+    assert set(thrice.adapt[1].tolist()).isdisjoint(thrice.adapt[2].tolist())
+
+
+def test_zero_pretrain_budget_gives_empty_split():
+    plan = plan_splits(np.full(20, 9), TokenBudget(pretrain=0, adapt=50, eval=50), 1, 0, "u")
+    assert len(plan.pretrain) == 0 and len(plan.eval) == 5 and len(plan.adapt[0]) == 5
+
+
+def test_too_small_names_domain_and_numbers():
+    with pytest.raises(StreamDataError, match=r"domain 'tiny'.*too small.*10 documents hold 100 tokens") as e:
+        plan_splits(np.full(10, 9), TokenBudget(pretrain=100, adapt=50, eval=50), 1, 0, "tiny")
+    assert e.value.domain == "tiny"
+    # The sum fits but whole documents overshoot: still refused, part by part.
+    with pytest.raises(StreamDataError, match="too small"):
+        plan_splits(np.array([59, 39]), TokenBudget(pretrain=0, adapt=40, eval=50), 1, 0, "tiny")
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"eval": 0}, "token_budget.eval"), ({"adapt": -1}, "token_budget.adapt"), ({"pretrain": 1.5}, "token_budget.pretrain")],
+)
+def test_budget_validation_names_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        TokenBudget(**kwargs)
