@@ -242,36 +242,60 @@ class _InPlaceValues:
         pass
 
 
+class _Run(NamedTuple):
+    ids: Tensor  # (n,) sorted slot ids
+    delta: Tensor  # (n, Dv) differentiable accumulated writes to them
+    chunks: int  # how many chunk writes it holds
+
+
 class _OverlayValues:
-    """Training: the table is read-only during the call; chunk writes accumulate in `delta`, a
-    differentiable (U_total, Dv) overlay aligned with the sorted ids `touched`, so later chunks'
-    reads carry gradients back into earlier writes without any N-sized copy."""
+    """Training: the table is read-only during the call; chunk writes accumulate in a
+    differentiable overlay of the rows touched so far, so later chunks' reads carry gradients back
+    into earlier writes without any N-sized copy.
+
+    The overlay is a list of sorted runs merged like a binary counter (two runs holding the same
+    number of chunks merge into one): a row takes part in O(log chunks) merges and a read looks up
+    O(log chunks) runs, so a call costs O(chunks · U · log chunks) instead of the O(chunks² · U)
+    of one run re-merged after every chunk (3× slower at 32 chunks of 128 tokens).
+    """
 
     def __init__(self, table: Tensor):
         self.table = table
-        self.touched = torch.empty(0, dtype=torch.long, device=table.device)
-        self.delta = table.new_zeros(0, table.shape[1])
+        self.runs: list[_Run] = []
 
     def read(self, idx: Tensor, uidx: Tensor, inv: Tensor, w: Tensor) -> Tensor:
         # Gather the chunk's unique rows first: autograd then saves this (U, Dv) copy, not the
         # table, which `commit` later changes in place.
         rows = self.table[uidx]
-        if self.touched.numel():
-            pos = torch.searchsorted(self.touched, uidx).clamp_(max=self.touched.numel() - 1)
-            hit = (self.touched[pos] == uidx).unsqueeze(-1)
-            rows = rows + self.delta[pos] * hit
+        for run in self.runs:
+            pos = torch.searchsorted(run.ids, uidx).clamp_(max=run.ids.numel() - 1)
+            hit = (run.ids[pos] == uidx).unsqueeze(-1)
+            rows = rows + run.delta[pos] * hit
         return F.embedding_bag(inv, rows, per_sample_weights=w, mode="sum")
 
     def write(self, uidx: Tensor, delta: Tensor) -> None:
-        touched = torch.unique(torch.cat([self.touched, uidx]))  # sorted
-        merged = delta.new_zeros(touched.numel(), delta.shape[1])
-        merged = merged.index_add(0, torch.searchsorted(touched, self.touched), self.delta)
-        self.delta = merged.index_add(0, torch.searchsorted(touched, uidx), delta)
-        self.touched = touched
+        if not uidx.numel():
+            return
+        self.runs.append(_Run(uidx, delta, 1))
+        while len(self.runs) > 1 and self.runs[-1].chunks == self.runs[-2].chunks:
+            b, a = self.runs.pop(), self.runs.pop()
+            ids = torch.unique(torch.cat([a.ids, b.ids]))  # sorted
+            merged = a.delta.new_zeros(ids.numel(), a.delta.shape[1])
+            merged = merged.index_add(0, torch.searchsorted(ids, a.ids), a.delta)
+            merged = merged.index_add(0, torch.searchsorted(ids, b.ids), b.delta)
+            self.runs.append(_Run(ids, merged, a.chunks + b.chunks))
 
     def commit(self) -> None:
         with torch.no_grad():
-            self.table.index_add_(0, self.touched, self.delta.detach())
+            for run in self.runs:
+                self.table.index_add_(0, run.ids, run.delta.detach())
+
+    def current(self) -> Tensor:
+        """The table as the next chunk reads it (an N-sized copy: tests and inspection only)."""
+        out = self.table.detach().clone()
+        for run in self.runs:
+            out.index_add_(0, run.ids, run.delta.detach())
+        return out
 
 
 class ChunkedOutput(NamedTuple):
@@ -393,7 +417,7 @@ def fwpkm_chunked(
 def _current_values(store) -> Tensor:
     """The value table as the next chunk would read it (a copy; for tests and inspection only)."""
     if isinstance(store, _OverlayValues):
-        return store.table.detach().index_add(0, store.touched, store.delta.detach())
+        return store.current()
     return store.table.detach().clone()
 
 

@@ -73,6 +73,7 @@ CASES = [
     (2, 63, 1, True, 16),
     (1, 20, 2, True, 7),
     (2, 33, 1, False, 10),
+    (1, 50, 1, True, 4),  # 13 chunks: the training overlay holds and merges several runs
 ]
 
 
