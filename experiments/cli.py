@@ -3,6 +3,8 @@
     clp bench layer [--quick]            FwPKM layer throughput / memory table (BENCHMARKS.md)
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
+    clp pretrain CONFIG                  train (or find cached) the base model of a run config
+    clp run CONFIG [--resume] [--run-dir DIR]   the main job: stream the domains, results matrix
 
 The CLI lives in `experiments/` because it is the composition root: it wires `streams`,
 `strategies` and `analysis` to `cl_platform`, which must not import them (see ARCHITECTURE.md).
@@ -33,6 +35,36 @@ def _data_stats(args: argparse.Namespace) -> int:
     return main(config=args.config)
 
 
+def _run_errors():
+    """Errors a user can fix (bad config, bad checkpoint, run folder conflicts): one line, exit 2."""
+    from cl_platform.checkpoint import CheckpointError
+    from cl_platform.engine import RunDirError, RunStopped
+    from cl_platform.run_config import ConfigError
+    from streams.errors import StreamDataError
+
+    return (ConfigError, CheckpointError, RunDirError, RunStopped, StreamDataError, FileNotFoundError)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from experiments.run import main
+
+    try:
+        return main(config=args.config, resume=args.resume, run_dir=args.run_dir)
+    except _run_errors() as err:
+        print(f"clp run: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from experiments.pretrain import main
+
+    try:
+        return main(config=args.config)
+    except _run_errors() as err:
+        print(f"clp pretrain: error: {err}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     stats = data.add_parser("stats", help="per-domain, per-split statistics of a stream config")
     stats.add_argument("config", help="stream YAML, e.g. experiments/streams/default.yaml")
     stats.set_defaults(func=_data_stats)
+
+    run = sub.add_parser("run", help="the main job: pretrain (or reuse) the base, stream the domains, results matrix")
+    run.add_argument("config", help="run YAML, e.g. experiments/default.yaml")
+    run.add_argument("--resume", action="store_true", help="continue a killed run from its last checkpoint")
+    run.add_argument("--run-dir", default=None, help="run folder (default: <runs_root>/<name>-<config hash>)")
+    run.set_defaults(func=_run)
+
+    pre = sub.add_parser("pretrain", help="train (or find cached) the base model of a run config")
+    pre.add_argument("config", help="run YAML, e.g. experiments/default.yaml")
+    pre.set_defaults(func=_pretrain)
     return parser
 
 

@@ -1,0 +1,88 @@
+"""Checkpoint files: written atomically, read back with checks that name what is wrong.
+
+A checkpoint is a `torch.save`d dict with a `format` tag, a `kind` ("base" model, "pretrain" or
+"run" progress) and the `model_config` it was saved for, so that loading a file into the wrong
+model, or a file that is not ours, fails with a message instead of a shape error deep in torch.
+
+Writes go to a temporary file in the same folder, are fsync'ed and renamed over the target:
+a process killed during a save (SIGKILL included) leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "cl-platform-checkpoint/1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used: unreadable, of another kind, or for another model."""
+
+
+def model_config_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+
+
+def save_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any, payload: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "kind": kind, "model_config": model_config_dict(model_config), **payload}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any | None = None) -> dict[str, Any]:
+    """Read and check a checkpoint; `model_config` (if given) must equal the one it was saved for."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        # weights_only: a checkpoint may come from elsewhere, and ours hold only tensors, numbers,
+        # strings and containers (strategy states included: see cl_platform.strategy).
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for truncated / foreign files
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read: corrupted, truncated, or holding objects other than "
+            f"tensors, numbers, strings and containers ({type(err).__name__}: {first})"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a cl-platform checkpoint (format {data.get('format') if isinstance(data, dict) else None!r}, expected {FORMAT!r})")
+    if data.get("kind") != kind:
+        raise CheckpointError(f"checkpoint {path} holds a {data.get('kind')!r} checkpoint, expected {kind!r}")
+    if model_config is not None:
+        expected = model_config_dict(model_config)
+        saved = data.get("model_config")
+        if saved != expected:
+            diffs = _diff(saved or {}, expected)
+            raise CheckpointError(
+                f"checkpoint {path} was saved for a different model config: " + "; ".join(diffs[:8])
+                + (f"; ... ({len(diffs)} differences)" if len(diffs) > 8 else "")
+            )
+    return data
+
+
+def _diff(saved: dict, expected: dict, where: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(expected)):
+        a, b = saved.get(key, "<absent>"), expected.get(key, "<absent>")
+        name = f"{where}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name} is {a!r} in the checkpoint, {b!r} in this run")
+    return out

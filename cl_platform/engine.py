@@ -1,0 +1,433 @@
+"""The continual-learning runner: a model, a stream of domains, a strategy → a results matrix.
+
+    runner = ContinualRunner(model=model, stream=scenario, strategy=NaiveStrategy(), config=cfg,
+                             run_dir=Path("runs/default-1a2b3c4d5e6f"), config_hash=h, strategy_name="naive")
+    results = runner.run(resume_from=None)       # RunResults, also in run_dir/results.json
+
+Protocol (FWPKM.md, "Continual learning"):
+    row 0      every domain's eval split, before any experience
+    for each experience t = 1..T (domain d_t):
+        strategy.on_experience_start; one pass over d_t's adapt data (a fresh Lightning Trainer:
+        `fast` streams it with writes on and slow weights frozen, `finetune` also trains the slow
+        weights); every `cl.curve_every` steps every domain is evaluated on a few eval segments
+        (forgetting curves, TensorBoard `eval/<domain>/loss` against the step);
+        strategy.on_experience_end; row t: every domain's full eval split.
+Every evaluation runs under the configured memory policy (cl_platform.memory_policy); with the
+default, `frozen`, evaluation never changes the model.
+
+The stream is duck-typed (this package imports no data code): `len(stream)`, `stream[i]` is
+experience i+1 with `.domain`, `.adapt_loader(batch_size, start=...)` (in-order DataLoader that
+skips `start` segments) and `.eval_loaders(batch_size)` ({domain: DataLoader}, in
+`stream.eval_domains` order). `streams.build_stream` returns such an object.
+
+Resume: a checkpoint (`run_dir/checkpoints/last.ckpt`, written atomically) holds the model with
+its fast weights, the optimiser state, the strategy state, the data position (experience, segments
+done, whether the experience has started), the run step and the results and curves so far. It is
+written every `cl.checkpoint_every` steps and after every row. A run killed at any moment
+continues from it (`run(resume_from=...)`) and produces the same matrix as an uninterrupted run:
+randomness is reseeded from (seed, step) at every batch, so nothing depends on when the process
+started.
+
+Data parallelism (`cl.devices > 1`, finetune mode): Lightning DDP over CPU processes with gloo,
+each rank training on its shard of the experience. The paper's code lets every rank write its
+own shard into its own memory, so the ranks' fast weights drift apart and which model is being
+evaluated depends on the rank. Here every FwPKM write is summed over the ranks
+(`cl_platform.fwpkm.RankSum`): each rank applies the write one process would make from the whole
+global batch, so all ranks hold the same memory. DDP must then not broadcast buffers
+(`broadcast_buffers=False`): rank 0's memory would overwrite the others' every step and hide any
+divergence. After every experience the runner checks that the ranks' memories are identical;
+evaluations run the full eval splits on every rank (no reduction), and rank 0 writes the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import DataLoader, Subset
+
+from cl_platform.callbacks import ExperienceProgressBar, RunCallback, TrainingLogger, log_scalars, mark_restart
+from cl_platform.checkpoint import load_checkpoint, save_checkpoint
+from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, step_seed
+from cl_platform.memory_policy import get_memory_policy
+from cl_platform.model import FwPKMLM
+from cl_platform.results import ResultsMatrix, RunResults, package_versions
+from cl_platform.run_config import RunConfig, dict_diff
+from cl_platform.strategy import Strategy, StrategyContext
+
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on a non-finite loss; the message names the step and the last good checkpoint."""
+
+
+class RunDirError(RuntimeError):
+    """The run folder cannot be used as asked (exists, differs, nothing to resume); nothing was written."""
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's advice that does not apply here (CPU only, in-memory segments, and
+    fast mode deliberately has no optimiser)."""
+    for pattern in (
+        ".*does not have many workers.*",
+        ".*returned `None`, this fit will run with no optimizer.*",
+        ".*GPU available but not used.*",
+        ".*The number of training batches.*is smaller than the logging interval.*",
+        ".*Consider setting `persistent_workers=True`.*",
+        ".*You defined a `validation_step` but have no `val_dataloader`.*",
+        ".*Total length of `.*` across ranks is zero.*",
+        ".*module\\(s\\) in eval mode at the start of training.*",  # fast mode adapts in eval mode on purpose
+        ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+    ):
+        warnings.filterwarnings("ignore", pattern)
+    import logging
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+                 "lightning.fabric.utilities.distributed", "lightning.pytorch.strategies.ddp"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def make_trainer(devices: int, callbacks: list, logger: Any, progress_bar: bool, shard_data: bool = True) -> L.Trainer:
+    """A fresh Trainer for one fit or one evaluation. devices > 1: DDP over CPU processes with
+    gloo; buffers are not broadcast (the FwPKM layers sum their writes over ranks themselves, so
+    every rank holds the same memory; broadcasting rank 0's would hide a divergence).
+    `shard_data=False` lets every rank read all of its data (evaluations: every rank computes the
+    whole results row, no reduction needed)."""
+    strategy: Any = "auto"
+    if devices > 1:
+        from lightning.pytorch.strategies import DDPStrategy
+
+        strategy = DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)
+    if progress_bar:
+        callbacks = [*callbacks, ExperienceProgressBar()]
+    return L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_epochs=1,
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=any(isinstance(c, Checkpoint) for c in callbacks),
+        enable_progress_bar=progress_bar,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        inference_mode=False,  # the `stream` memory policy writes in place during evaluation
+        use_distributed_sampler=shard_data,
+        log_every_n_steps=1,
+    )
+
+
+def subset_loaders(loaders: dict[str, DataLoader], segments: int, batch_size: int) -> dict[str, DataLoader]:
+    """The first `segments` segments of each loader's dataset, in order."""
+    return {
+        name: DataLoader(Subset(loader.dataset, range(min(segments, len(loader.dataset)))), batch_size=batch_size)
+        for name, loader in loaders.items()
+    }
+
+
+class _RunHooks(Checkpoint):
+    """After every training batch: forgetting-curve point and checkpoint when due. A `Checkpoint`
+    subclass, so Lightning runs it after every other callback (the loggers see the batch first)."""
+
+    def __init__(self, runner: "ContinualRunner"):
+        self.runner = runner
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.runner.trainer = trainer
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        cl = self.runner.config.cl
+        step = pl_module.step
+        if step % cl.curve_every == 0:
+            self.runner.curve_point()
+        if step % cl.checkpoint_every == 0:
+            self.runner.save()
+
+
+class ContinualRunner:
+    """One run of the protocol above; files go to `run_dir` (results.json, checkpoints/,
+    tensorboard/). `callbacks`: Lightning callbacks added to every Trainer; those that are
+    `RunCallback`s also hear about results rows and the end of the run."""
+
+    def __init__(
+        self,
+        *,
+        model: FwPKMLM,
+        stream: Any,
+        strategy: Strategy,
+        config: RunConfig,
+        run_dir: str | os.PathLike[str],
+        config_hash: str,
+        strategy_name: str,
+        callbacks: list[L.Callback] | None = None,
+        progress_bar: bool = True,
+    ):
+        self.config = config
+        self.stream = stream
+        self.strategy = strategy
+        self.run_dir = Path(run_dir)
+        self.ckpt_path = self.run_dir / CHECKPOINT
+        self.results_path = self.run_dir / "results.json"
+        self.progress_bar = progress_bar
+        cl = config.cl
+        optim = None
+        if cl.mode == "finetune":
+            optim = OptimSettings(lr=cl.lr, weight_decay=cl.weight_decay, grad_clip=cl.grad_clip)
+        self.domains = list(stream.eval_domains)
+        self.experiences = [stream[i].domain for i in range(len(stream))]
+        self.module = LMModule(model, phase=cl.mode, optim=optim, strategy=strategy,
+                               memory_policy=get_memory_policy(cl.eval_memory), seed=config.seed,
+                               eval_domains=self.domains)
+        self.results = RunResults(
+            matrix=ResultsMatrix.empty(self.domains, self.experiences),
+            config_hash=config_hash,
+            seed=config.seed,
+            mode=cl.mode,
+            memory_policy=cl.eval_memory,
+            strategy=strategy_name,
+            versions=package_versions(),
+        )
+        self.started = False  # on_experience_start has run for the experience in progress
+        self.saved_step: int | None = None
+        self.trainer: L.Trainer | None = None
+        self.logger = TensorBoardLogger(save_dir=str(self.run_dir), name="", version="tensorboard", default_hp_metric=False)
+        eval_loaders = stream[0].eval_loaders(cl.eval_batch_size)
+        self.eval_loaders = [eval_loaders[d] for d in self.domains]
+        self.curve_loaders = subset_loaders(eval_loaders, cl.curve_segments, cl.eval_batch_size)
+        self.callbacks = list(callbacks or [])
+        self._lightning_callbacks = [TrainingLogger(cl.log_every, "train"), *self.callbacks, _RunHooks(self)]
+
+    @property
+    def is_rank_zero(self) -> bool:
+        # Read when needed: under DDP the rank is only known once the first Trainer has set up.
+        return rank_zero_only.rank == 0
+
+    # --- the protocol ---------------------------------------------------------------------------
+    def run(self, resume_from: str | os.PathLike[str] | None = None) -> RunResults:
+        quiet_lightning()
+        if resume_from is not None:
+            self._restore(resume_from)
+            mark_restart(self.logger, self.module.step)
+        matrix = self.results.matrix
+        if matrix.last_complete_row < 0:
+            self._evaluate_row(0)
+            self.curve_point()
+            self.save()
+        for t in range(matrix.last_complete_row + 1, matrix.num_experiences + 1):
+            exp = self.stream[t - 1]
+            ctx = self._context(t, exp)
+            self._train(ctx, exp)
+            torch.manual_seed(step_seed(self.config.seed, self.module.step) ^ 0x2)
+            self.strategy.on_experience_end(ctx)
+            if self._last_curve_step() != self.module.step:
+                self.curve_point()
+            self._evaluate_row(t)
+            self.started = False
+            self.module.segments_done = 0
+            self.save()
+        for cb in self._run_callbacks():
+            cb.on_run_end(self)
+        self.logger.finalize("success")
+        return self.results
+
+    def _run_callbacks(self) -> list[RunCallback]:
+        # Reports (printed lines, images, hparams) come from one process; every rank has the same results.
+        return [cb for cb in self.callbacks if isinstance(cb, RunCallback)] if self.is_rank_zero else []
+
+    def _last_curve_step(self) -> int | None:
+        points = self.results.curves.get(self.domains[0])
+        return points[-1][0] if points else None
+
+    def _context(self, t: int, exp: Any) -> StrategyContext:
+        ctx = StrategyContext(
+            model=self.module.model,
+            experience=t,
+            domain=exp.domain,
+            global_step=self.module.step,
+            mode=self.config.cl.mode,
+            extras={"stream": self.stream, "experience": exp, "num_experiences": len(self.experiences),
+                    "eval_domains": list(self.domains)},
+        )
+        self.module.ctx = ctx
+        self.module.progress_label = f"exp {t}/{len(self.experiences)} {exp.domain}"
+        return ctx
+
+    def _train(self, ctx: StrategyContext, exp: Any) -> None:
+        if not self.started:
+            # Addressing-health statistics are per experience; the strategy hears about the end
+            # of the previous experience before they are cleared.
+            for layer in self.module.model.fwpkm_layers():
+                layer.reset_read_counts()
+            torch.manual_seed(step_seed(self.config.seed, self.module.step) ^ 0x1)
+            self.strategy.on_experience_start(ctx)
+            self.started = True
+            self.module.segments_done = 0
+        loader = exp.adapt_loader(self.config.cl.batch_size, start=self.module.segments_done)
+        if len(loader) == 0:  # killed after the last batch's checkpoint: nothing left to stream
+            return
+        trainer = make_trainer(self.config.cl.devices, self._lightning_callbacks, self.logger, self.progress_bar)
+        try:
+            trainer.fit(self.module, train_dataloaders=loader)
+        except NonFiniteLossError as err:
+            last = f"{self.ckpt_path} (step {self.saved_step})" if self.saved_step is not None else "none was written"
+            raise RunStopped(f"{err}. The run stopped; last good checkpoint: {last}.") from None
+        finally:
+            self.trainer = None
+        self._check_ranks_agree(ctx.experience)
+
+    def _check_ranks_agree(self, t: int) -> None:
+        """Under DDP every rank must hold the same fast weights (the FwPKM layers sum their writes
+        over ranks); a difference would make the ranks' results rows disagree silently."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        h = hashlib.sha256()
+        for layer in self.module.model.fwpkm_layers():
+            h.update(layer.keys.detach().numpy().tobytes())
+            h.update(layer.values.detach().numpy().tobytes())
+        mine = torch.tensor(list(h.digest()), dtype=torch.int64)
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        if not all(torch.equal(every[0], d) for d in every):
+            raise RuntimeError(f"after experience {t} the ranks hold different fast-weight memories")
+
+    def _evaluate_row(self, t: int) -> None:
+        trainer = make_trainer(self.config.cl.devices, self._lightning_callbacks, self.logger, self.progress_bar,
+                               shard_data=False)
+        trainer.validate(self.module, dataloaders=self.eval_loaders, verbose=False)
+        for domain in self.domains:
+            self.results.matrix.record(t, domain, self.module.last_eval[domain])
+        row = {f"results/{d}/loss": v for d, v in self.module.last_eval.items()}
+        log_scalars(self.logger, row, self.module.step)
+        self._write_results()
+        for cb in self._run_callbacks():
+            cb.on_results_row(self, t)
+
+    def curve_point(self) -> None:
+        """Evaluate every domain on its curve segments and append the point at the current step."""
+        values = self.module.evaluate(self.curve_loaders)
+        step = self.module.step
+        metrics = {}
+        for domain, value in values.items():
+            self.results.add_point(domain, step, value)
+            metrics[f"eval/{domain}/loss"] = value
+            metrics[f"eval/{domain}/ppl"] = math.exp(value) if value < 700 else math.inf
+        log_scalars(self.logger, metrics, step)
+        self._write_results()
+
+    # --- files ------------------------------------------------------------------------------------
+    def _write_results(self) -> None:
+        if self.is_rank_zero:
+            self.results.to_json(self.results_path)
+
+    def _optimizer_state(self) -> dict | None:
+        trainer = self.trainer
+        if trainer is not None and trainer.optimizers:
+            return trainer.optimizers[0].state_dict()
+        return self.module.optimizer_state
+
+    def save(self) -> None:
+        """Write the resumable checkpoint (rank zero; atomically, so a kill keeps the previous one)."""
+        if self.is_rank_zero:
+            save_checkpoint(self.ckpt_path, "run", self.module.model.config, {
+                "config_hash": self.results.config_hash,
+                "model": self.module.model.state_dict(),
+                "optimizer": self._optimizer_state(),
+                "strategy": self.strategy.state_dict(),
+                "results": self.results.to_dict(),
+                "position": {"step": self.module.step, "segments_done": self.module.segments_done,
+                             "started": self.started},
+            })
+        self.saved_step = self.module.step
+
+    def _restore(self, path: str | os.PathLike[str]) -> None:
+        data = load_checkpoint(path, "run", self.module.model.config)
+        if data.get("config_hash") != self.results.config_hash:
+            raise RunDirError(f"checkpoint {path} belongs to run {data.get('config_hash')!r}, "
+                              f"not to this configuration ({self.results.config_hash})")
+        self.module.model.load_state_dict(data["model"])
+        self.module.optimizer_state = data["optimizer"]
+        self.strategy.load_state_dict(data["strategy"])
+        saved = RunResults.from_dict(data["results"])
+        self.results.matrix = saved.matrix
+        self.results.curves = saved.curves
+        position = data["position"]
+        self.module.step = position["step"]
+        self.module.segments_done = position["segments_done"]
+        self.started = position["started"]
+        self.saved_step = self.module.step
+
+
+# --- run folders ----------------------------------------------------------------------------------
+def inspect_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: dict[str, Any],
+                    resume: bool) -> tuple[str, Path | None]:
+    """Decide what to do with a run folder; reads only.
+
+    Returns ("new", None): nothing there yet (with `resume` too: a run killed while its base was
+    pretraining has no folder yet, and the pretraining continues from its own checkpoint);
+    ("resume", checkpoint, or None to start over in the same folder); ("complete", None).
+    Raises RunDirError for a folder of another configuration or an unfinished run without resume.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return "new", None
+    try:
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        stored = meta["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise RunDirError(f"{run_dir} exists but is not a run folder (no readable run.json); "
+                          f"choose another folder or delete it") from None
+    current = _as_json(identity)
+    if stored != current:
+        diffs = dict_diff(stored, current)
+        more = f"\n  ... {len(diffs) - 20} more" if len(diffs) > 20 else ""
+        raise RunDirError(
+            f"{run_dir} holds a run of a different configuration (hash {meta.get('config_hash', '?')[:12]}, "
+            f"this config {config_hash[:12]}); nothing was changed. Differences (stored → this config):\n  "
+            + "\n  ".join(diffs[:20]) + more
+        )
+    results = run_dir / "results.json"
+    if results.is_file():
+        try:
+            if RunResults.from_json(results).matrix.is_complete:
+                return "complete", None
+        except ValueError:
+            pass  # unreadable: the checkpoint holds the results too
+    if not resume:
+        raise RunDirError(f"{run_dir} holds an unfinished run; continue it with --resume "
+                          f"(or delete the folder to start over)")
+    ckpt = run_dir / CHECKPOINT
+    return "resume", ckpt if ckpt.is_file() else None
+
+
+def create_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: dict[str, Any], resolved_yaml: str) -> None:
+    """A new run folder with its resolved config (config.yaml) and identity (run.json)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(resolved_yaml, encoding="utf-8")
+    _write_json(run_dir / "run.json", {"config_hash": config_hash, "identity": _as_json(identity),
+                                       "command": sys.argv, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def _as_json(data: Any) -> Any:
+    return json.loads(json.dumps(data, default=str))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

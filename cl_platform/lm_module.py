@@ -1,0 +1,283 @@
+"""The LightningModule around an FwPKM language model: how it learns, the strategy hooks, evaluation.
+
+    module = LMModule(model, phase="fast", strategy=NaiveStrategy(), memory_policy=FrozenMemory())
+    trainer.fit(module, train_dataloaders=loader)        # one experience (see cl_platform.engine)
+    trainer.validate(module, dataloaders=eval_loaders)   # module.last_eval = {domain: loss/token}
+
+Phases (what one training batch does):
+    pretrain  slow weights trained through the fast-weight writes (FWPKM.md, "Training the slow
+              weights through the writes"); no strategy.
+    fast      the paper's continual-learning protocol: slow weights frozen, the forward runs
+              without a graph and the FwPKM layers write in place. No optimiser exists, so
+              Lightning's `global_step` stays 0: progress is counted in `self.step`.
+    finetune  as pretrain, plus the strategy's extra loss terms.
+
+Strategy hooks are called in the order documented in `cl_platform.strategy`; in fast mode
+`extra_losses` and `after_backward` are not called (no optimiser step). The loss terms a strategy
+returns are summed with the LM loss and each is reported under its own name in `last_losses`.
+Optimisation is manual (`automatic_optimization = False`) so that one step function covers all
+three phases and the learning rate is a function of `self.step`, which survives fresh Trainers.
+
+Every training batch first reseeds torch's global generator from (seed, step): randomness in the
+model (pSWA draws, dropout) and in strategies is then a function of the position in the run,
+so a resumed run draws exactly what an uninterrupted one would have.
+
+Evaluation sums the token cross-entropy and counts tokens per domain, so the per-token mean is
+exact whatever the batch size; the memory policy (cl_platform.memory_policy) wraps every
+evaluation, in Lightning's validation loop and in `evaluate` alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from cl_platform.fwpkm import NonFiniteWriteError
+from cl_platform.memory_policy import EvalMemoryPolicy, FrozenMemory, MemorySession
+from cl_platform.model import FwPKMLM
+from cl_platform.optim import MixedAdamW
+from cl_platform.strategy import Strategy, StrategyContext
+
+Phase = Literal["pretrain", "fast", "finetune"]
+IGNORE_INDEX = -100
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training loss (or a fast-weight write) was NaN/inf; `step` is the run step it happened at."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+@dataclass
+class OptimSettings:
+    """Outer optimiser (MixedAdamW): lr with linear warm-up, then constant or cosine decay."""
+
+    lr: float
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0  # max global norm of the dense gradients; 0 = no clipping
+    warmup_steps: int = 0
+    decay_steps: int | None = None  # cosine from lr to lr·min_lr_ratio at this step; None = constant
+    min_lr_ratio: float = 1.0
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.decay_steps is None:
+            return self.lr
+        span = max(1, self.decay_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        floor = self.lr * self.min_lr_ratio
+        return floor + 0.5 * (self.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A 63-bit seed for (seed, step): distinct steps of distinct runs get unrelated streams."""
+    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 1) % (2**63)
+
+
+class LMModule(L.LightningModule):
+    def __init__(
+        self,
+        model: FwPKMLM,
+        phase: Phase,
+        optim: OptimSettings | None = None,
+        strategy: Strategy | None = None,
+        memory_policy: EvalMemoryPolicy | None = None,
+        seed: int = 0,
+        eval_domains: list[str] | None = None,
+    ):
+        super().__init__()
+        if phase not in ("pretrain", "fast", "finetune"):
+            raise ValueError(f"LMModule.phase must be 'pretrain', 'fast' or 'finetune', got {phase!r}")
+        if phase != "fast" and optim is None:
+            raise ValueError(f"LMModule: phase {phase!r} trains slow weights and needs OptimSettings")
+        self.automatic_optimization = False
+        self.model = model
+        self.phase = phase
+        self.optim = optim
+        self.strategy = strategy if strategy is not None else Strategy()
+        self.memory_policy = memory_policy if memory_policy is not None else FrozenMemory()
+        self.seed = seed
+        self.eval_domains = list(eval_domains or [])
+        self.step = 0  # training batches so far in the whole run, across Trainers and resumes
+        self.segments_done = 0  # segments of the current experience trained on (data position)
+        self.ctx: StrategyContext | None = None  # set by the runner for each experience
+        self.progress_label = phase  # shown by the progress bar
+        self.last_losses: dict[str, float] = {}
+        # The outer optimiser's state outlives each Trainer: one AdamW over the whole run.
+        self.optimizer_state: dict[str, Any] | None = None
+        self.last_eval: dict[str, float] = {}
+        self._session: MemorySession | None = None
+        self._sums: dict[int, list[float]] = {}
+        model.set_writes(True)
+        for p in model.parameters():
+            # Fast mode: slow weights are frozen, so nothing can train them by accident.
+            p.requires_grad_(phase != "fast")
+
+    # --- optimisation -----------------------------------------------------------------------
+    def configure_optimizers(self):
+        if self.phase == "fast":
+            return None
+        return MixedAdamW(self.model.optimizer_groups(self.optim.weight_decay, self.optim.lr_at(self.step)))
+
+    def on_train_start(self) -> None:
+        if self.phase != "fast" and self.optimizer_state is not None:
+            self.trainer.optimizers[0].load_state_dict(self.optimizer_state)
+
+    def on_train_end(self) -> None:
+        if self.phase != "fast":
+            self.optimizer_state = self.trainer.optimizers[0].state_dict()
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        torch.manual_seed(step_seed(self.seed, self.step))
+        ctx = self.ctx
+        use_strategy = self.phase != "pretrain" and ctx is not None
+        if use_strategy:
+            ctx.global_step = self.step
+            batch = self.strategy.transform_batch(batch, ctx)
+        x, y = batch["input_ids"], batch["targets"]  # (B, T)
+        try:
+            if self.phase == "fast":
+                stats = self._fast_step(x, y, ctx if use_strategy else None)
+            else:
+                stats = self._gradient_step(batch, x, y, ctx if use_strategy else None)
+        except NonFiniteWriteError as err:
+            raise NonFiniteLossError(f"step {self.step + 1}: {err}", self.step + 1) from None
+        world = self.trainer.world_size if self._trainer is not None else 1
+        self.step += 1
+        self.segments_done += x.shape[0] * world
+        self.last_losses = stats
+        self.log("loss", stats["lm"], prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=x.shape[0])
+
+    def _fast_step(self, x: Tensor, y: Tensor, ctx: StrategyContext | None) -> dict[str, float]:
+        self.model.eval()  # adaptation is inference: no dropout, no pSWA draws
+        with torch.no_grad():
+            _, lm = self.model(x, y)
+        if ctx is not None:
+            self.strategy.after_write(ctx)
+        self._check_finite({"lm": lm})
+        return {"lm": float(lm)}
+
+    def _gradient_step(self, batch: Any, x: Tensor, y: Tensor, ctx: StrategyContext | None) -> dict[str, float]:
+        opt = self.optimizers()
+        lr = self.optim.lr_at(self.step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        logits, lm = self.model(x, y)
+        losses: dict[str, Tensor] = {"lm": lm}
+        if ctx is not None:
+            self.strategy.after_write(ctx)
+            extra = self.strategy.extra_losses(batch, {"logits": logits, "lm_loss": lm}, ctx)
+            if "lm" in extra:
+                raise ValueError("a strategy returned a loss named 'lm', which is the language-model loss")
+            losses.update(extra)
+        total = torch.stack([v.reshape(()) for v in losses.values()]).sum()
+        self._check_finite({**losses, "total": total})
+        opt.zero_grad(set_to_none=True)
+        self.manual_backward(total)
+        if ctx is not None:
+            self.strategy.after_backward(ctx)
+        grad_norm = self._clip_gradients()
+        opt.step()
+        stats = {name: float(v.detach()) for name, v in losses.items()}
+        stats.update(total=float(total.detach()), lr=lr, grad_norm=grad_norm)
+        return stats
+
+    def _clip_gradients(self) -> float:
+        # Sparse gradients (a static PKM's value rows) are left out: their norm is not defined
+        # by torch's clipping, and lazy Adam already bounds each touched row's step.
+        dense = [p for p in self.model.parameters() if p.grad is not None and not p.grad.is_sparse]
+        if not dense:
+            return 0.0
+        max_norm = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(dense, max_norm))
+
+    def _check_finite(self, losses: dict[str, Tensor]) -> None:
+        bad = {name: float(v.detach()) for name, v in losses.items() if not bool(torch.isfinite(v.detach()).all())}
+        if bad:
+            where = f" (experience {self.ctx.experience}: {self.ctx.domain})" if self.ctx is not None else ""
+            raise NonFiniteLossError(f"non-finite loss at step {self.step + 1}{where}: {bad}", self.step + 1)
+
+    # --- evaluation ---------------------------------------------------------------------------
+    def token_loss_sum(self, batch: dict[str, Tensor]) -> tuple[float, int]:
+        """(Σ token cross-entropy, number of tokens) of one batch; padding (-100) excluded."""
+        x, y = batch["input_ids"], batch["targets"]
+        logits = self.model(x)  # (B, T, V)
+        total = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        return float(total), int((y != IGNORE_INDEX).sum())
+
+    def on_validation_start(self) -> None:
+        self._session = self.memory_policy.open(self.model)
+        self._sums = {}
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if batch_idx == 0:
+            self._session.start_domain()
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        loss_sum, count = self.token_loss_sum(batch)
+        acc = self._sums.setdefault(dataloader_idx, [0.0, 0])
+        acc[0] += loss_sum
+        acc[1] += count
+
+    def on_validation_epoch_end(self) -> None:
+        names = self.eval_domains or [str(i) for i in sorted(self._sums)]
+        self.last_eval = {
+            name: (self._sums[i][0] / self._sums[i][1]) if i in self._sums and self._sums[i][1] else math.nan
+            for i, name in enumerate(names)
+        }
+        for name, value in self.last_eval.items():
+            # For callbacks that read trainer.callback_metrics (e.g. an Optuna pruner); the
+            # runner logs to TensorBoard itself, at its own step.
+            self.log(f"eval/{name}/loss", value, logger=False, add_dataloader_idx=False)
+        self.log("eval/mean_loss", _mean(self.last_eval.values()), logger=False, add_dataloader_idx=False)
+
+    def on_validation_end(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def evaluate(self, loaders: dict[str, Any]) -> dict[str, float]:
+        """Per-token loss on each domain's loader under the memory policy, outside Lightning's
+        loops (forgetting curves run in the middle of a training epoch, at the run's own step)."""
+        was_training = self.model.training
+        self.model.eval()
+        session = self.memory_policy.open(self.model)
+        out = {}
+        try:
+            with torch.no_grad():
+                for name, loader in loaders.items():
+                    session.start_domain()
+                    loss_sum, count = 0.0, 0
+                    for batch in loader:
+                        s, n = self.token_loss_sum(batch)
+                        loss_sum, count = loss_sum + s, count + n
+                    out[name] = loss_sum / count if count else math.nan
+        finally:
+            session.close()
+            self.model.train(was_training)
+        return out
+
+    # --- what logging callbacks read ------------------------------------------------------------
+    def fwpkm_stats(self) -> dict[str, float]:
+        """Per FwPKM layer: gate mean and write magnitudes of the last call, and addressing health
+        (coverage, collision rate, KL to uniform) over reads since the read counts were reset."""
+        stats = {}
+        for layer in self.model.fwpkm_layers():
+            for key, value in {**layer.last_stats, **layer.usage_stats()}.items():
+                stats[f"{layer.name}/{key}"] = value
+        return stats
+
+
+def _mean(values) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan

@@ -1,0 +1,234 @@
+"""Pretraining the base model on the mixture of every domain's `pretrain` split.
+
+    pretrainer = Pretrainer(model=model, data=PretrainDataModule(scenario, 8, seed=0),
+                            eval_loaders=scenario[0].eval_loaders(16), config=cfg.pretrain,
+                            out_dir=Path("runs/pretrain-0a1b2c3d4e5f"), key=key)
+    record = pretrainer.run()          # out_dir/base.ckpt, out_dir/pretrain.json, out_dir/tensorboard
+
+The slow weights learn through the fast-weight writes, as in the paper: every forward writes the
+memory chunk by chunk, the loss of chunk c+1 back-propagates into the writes of chunk c, and the
+memory persists from batch to batch. AdamW (MixedAdamW) with linear warm-up and cosine decay.
+
+`data` is duck-typed like `streams.datamodule.PretrainDataModule`: `set_position(epoch, start)`
+and `train_dataloader()` whose sampler yields that epoch's shuffled order. The runner reads the
+orders itself and feeds Lightning one DataLoader over exactly the samples still to train on, so
+a resumed pretraining (`last.ckpt`, written every `checkpoint_every` steps) continues with the
+same batches, learning rate and seeds as an uninterrupted one.
+
+The record (`pretrain.json`) holds the training-loss curve, the evaluation curve on the first
+`eval_segments` segments of every domain, the final loss on every full eval split, and the
+unigram baseline: the cross-entropy of the eval tokens under the (add-one smoothed) unigram
+distribution of the pretraining tokens — what a model that ignores context would get.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader
+
+from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
+from cl_platform.checkpoint import load_checkpoint, save_checkpoint
+from cl_platform.engine import RunStopped, make_trainer, quiet_lightning, subset_loaders
+from cl_platform.lm_module import IGNORE_INDEX, LMModule, NonFiniteLossError, OptimSettings
+from cl_platform.model import FwPKMLM
+from cl_platform.run_config import PretrainConfig
+
+BASE = "base.ckpt"
+PROGRESS = "last.ckpt"
+RECORD = "pretrain.json"
+
+
+def unigram_losses(train_loader: DataLoader, eval_loaders: dict[str, DataLoader], vocab_size: int) -> dict[str, float]:
+    """Per-token cross-entropy of each eval split under the add-one smoothed unigram distribution
+    of the training targets (padding excluded)."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for batch in train_loader:
+        y = batch["targets"].flatten()
+        counts += torch.bincount(y[y != IGNORE_INDEX], minlength=vocab_size).double()
+    logp = torch.log((counts + 1) / (counts.sum() + vocab_size))
+    out = {}
+    for name, loader in eval_loaders.items():
+        total, n = 0.0, 0
+        for batch in loader:
+            y = batch["targets"].flatten()
+            y = y[y != IGNORE_INDEX]
+            total -= float(logp[y].sum())
+            n += y.numel()
+        out[name] = total / n if n else math.nan
+    return out
+
+
+class _PretrainHooks(Checkpoint):
+    """Every step: the loss curve; every `eval_every` steps: evaluation; checkpoints when due."""
+
+    def __init__(self, runner: "Pretrainer"):
+        self.runner = runner
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.runner.trainer = trainer
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        runner, cfg, step = self.runner, self.runner.config, pl_module.step
+        runner.record["loss_curve"].append([step, pl_module.last_losses["lm"]])
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            runner.eval_point()
+        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            runner.save_progress()
+
+
+class Pretrainer:
+    def __init__(
+        self,
+        *,
+        model: FwPKMLM,
+        data: Any,
+        eval_loaders: dict[str, DataLoader],
+        config: PretrainConfig,
+        out_dir: str | os.PathLike[str],
+        key: str,
+        eval_batch_size: int = 16,
+        progress_bar: bool = True,
+    ):
+        self.config = config
+        self.data = data
+        self.out_dir = Path(out_dir)
+        self.key = key
+        self.progress_bar = progress_bar
+        self.eval_loaders = eval_loaders
+        self.curve_loaders = subset_loaders(eval_loaders, config.eval_segments, eval_batch_size)
+        optim = OptimSettings(lr=config.lr, weight_decay=config.weight_decay, grad_clip=config.grad_clip,
+                              warmup_steps=config.warmup_steps, decay_steps=config.steps,
+                              min_lr_ratio=config.min_lr_ratio)
+        self.module = LMModule(model, phase="pretrain", optim=optim, seed=config.seed,
+                               eval_domains=list(eval_loaders))
+        self.module.progress_label = "pretrain"
+        self.logger = TensorBoardLogger(save_dir=str(self.out_dir), name="", version="tensorboard",
+                                        default_hp_metric=False)
+        self.trainer: L.Trainer | None = None
+        self.record: dict[str, Any] = {
+            "key": key,
+            "config": dataclasses.asdict(config),
+            "model_config": dataclasses.asdict(model.config),
+            "loss_curve": [],
+            "eval_curve": {name: [] for name in eval_loaders},
+            "seconds": 0.0,
+        }
+
+    @property
+    def base_path(self) -> Path:
+        return self.out_dir / BASE
+
+    def run(self) -> dict[str, Any]:
+        quiet_lightning()
+        progress = self.out_dir / PROGRESS
+        started = time.perf_counter()
+        seconds_before = 0.0
+        if progress.is_file():
+            self._restore(progress)
+            seconds_before = self.record["seconds"]
+            mark_restart(self.logger, self.module.step)
+            print(f"pretraining: continuing from step {self.module.step} ({progress})", flush=True)
+        else:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            train_once = DataLoader(self._dataset(), batch_size=64)
+            self.record["unigram"] = unigram_losses(train_once, self.eval_loaders, self.module.model.config.vocab_size)
+            self.record["unigram_mean"] = _mean(self.record["unigram"].values())
+            log_scalars(self.logger, {f"pretrain/unigram/{d}": v for d, v in self.record["unigram"].items()}, 0)
+            self.eval_point()
+        remaining = self.config.steps - self.module.step
+        if remaining > 0:
+            loader = self._loader(self.module.step, remaining)
+            callbacks = [TrainingLogger(self.config.log_every, "pretrain"), _PretrainHooks(self)]
+            trainer = make_trainer(1, callbacks, self.logger, self.progress_bar)
+            try:
+                trainer.fit(self.module, train_dataloaders=loader)
+            except NonFiniteLossError as err:
+                raise RunStopped(f"pretraining: {err}. Last good checkpoint: {progress if progress.is_file() else 'none'}.") from None
+            finally:
+                self.trainer = None
+        final = self.module.evaluate({name: loader for name, loader in self.eval_loaders.items()})
+        self.record.update(
+            steps=self.module.step,
+            tokens=self.module.step * self.config.batch_size * self._seq_len(),
+            final_eval=final,
+            final_eval_mean=_mean(final.values()),
+            seconds=seconds_before + time.perf_counter() - started,
+        )
+        log_scalars(self.logger, {f"pretrain/final/{d}": v for d, v in final.items()}, self.module.step)
+        save_checkpoint(self.base_path, "base", self.module.model.config, {
+            "key": self.key, "model": self.module.model.state_dict(), "record": self.record,
+        })
+        _write_json(self.out_dir / RECORD, self.record)
+        progress.unlink(missing_ok=True)
+        self.logger.finalize("success")
+        return self.record
+
+    def eval_point(self) -> None:
+        values = self.module.evaluate(self.curve_loaders)
+        step = self.module.step
+        for name, value in values.items():
+            self.record["eval_curve"][name].append([step, value])
+        metrics = {f"pretrain/eval/{d}/loss": v for d, v in values.items()}
+        metrics["pretrain/eval/mean_loss"] = _mean(values.values())
+        log_scalars(self.logger, metrics, step)
+
+    def save_progress(self) -> None:
+        trainer = self.trainer
+        optimizer = trainer.optimizers[0].state_dict() if trainer is not None and trainer.optimizers else None
+        save_checkpoint(self.out_dir / PROGRESS, "pretrain", self.module.model.config, {
+            "key": self.key, "model": self.module.model.state_dict(), "optimizer": optimizer,
+            "step": self.module.step, "record": self.record,
+        })
+
+    def _restore(self, path: Path) -> None:
+        data = load_checkpoint(path, "pretrain", self.module.model.config)
+        if data.get("key") != self.key:
+            raise RunStopped(f"{path} belongs to another pretraining ({data.get('key')}, expected {self.key})")
+        self.module.model.load_state_dict(data["model"])
+        self.module.optimizer_state = data["optimizer"]
+        self.module.step = data["step"]
+        self.record = data["record"]
+
+    # --- data ---------------------------------------------------------------------------------
+    def _dataset(self):
+        self.data.set_position(0, 0)
+        return self.data.train_dataloader().dataset
+
+    def _seq_len(self) -> int:
+        return int(self._dataset()[0]["input_ids"].shape[0])
+
+    def _loader(self, done_steps: int, steps: int) -> DataLoader:
+        """The samples of steps done_steps .. done_steps + steps, epoch orders from `data`."""
+        batch = self.config.batch_size
+        dataset = self._dataset()
+        n = len(dataset)
+        first, last = done_steps * batch, (done_steps + steps) * batch
+        indices: list[int] = []
+        for epoch in range(first // n, (last - 1) // n + 1):
+            self.data.set_position(epoch, 0)
+            order = list(self.data.train_dataloader().sampler)
+            lo, hi = max(first - epoch * n, 0), min(last - epoch * n, n)
+            indices += order[lo:hi]
+        return DataLoader(dataset, batch_size=batch, sampler=indices)
+
+
+def _mean(values) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,219 @@
+"""`clp run CONFIG`: the platform's main job — learn a stream of domains, measure forgetting.
+
+    clp run experiments/default.yaml                  # pretrain (or reuse) the base, then the stream
+    clp run experiments/default.yaml --resume         # continue a killed run from its last checkpoint
+    clp run other.yaml --run-dir runs/NAME --resume   # refused if that folder holds another config
+
+The composition root: builds the stream (streams), the strategy (strategies) and the base model,
+hands them to `cl_platform.engine.ContinualRunner`, then prints the results matrix, the
+forgetting summary (analysis) and where everything is. The run folder is named from the hash of
+the resolved configuration, data fingerprints included; running the same config again finds the
+finished run and prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from cl_platform.results import ResultsMatrix, RunResults
+from cl_platform.run_config import ConfigError, config_hash
+from experiments.pretrain import Setup, build_model, ensure_base, load_setup, pretrain_key
+
+# Fields that say where things are, not what is computed: outside the run's identity.
+_WHERE_FIELDS = ("stream", "base_checkpoint", "name", "runs_root", "order")
+
+
+def is_child_rank() -> bool:
+    """True in the extra processes of a DDP run: Lightning starts them by re-running this command
+    with LOCAL_RANK / NODE_RANK set; rank 0 decides about the run folder and prints."""
+    return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
+
+
+def stream_fingerprint(scenario) -> str:
+    """sha256 of what the continual phase reads: each experience's adapt tokens, every eval split."""
+    h = hashlib.sha256()
+    for exp in scenario:
+        h.update(f"adapt:{exp.domain}\0".encode("utf-8"))
+        h.update(exp.data.segments.tokens.numpy().tobytes())
+    for name in scenario.eval_domains:
+        h.update(f"eval:{name}\0".encode("utf-8"))
+        h.update(scenario.domains[name].splits["eval"].segments.tokens.numpy().tobytes())
+    return h.hexdigest()
+
+
+def identity(setup: Setup, base: dict[str, str]) -> dict[str, Any]:
+    """Everything the results depend on, and nothing about where files are."""
+    cfg = setup.config.to_dict()
+    for name in _WHERE_FIELDS:
+        cfg.pop(name)
+    if base["source"] == "checkpoint":
+        cfg.pop("pretrain")  # the given checkpoint replaces pretraining
+    scenario = setup.scenario
+    return {
+        "config": cfg,
+        "model": dataclasses.asdict(setup.model_config),
+        "data": {
+            "experiences": [exp.domain for exp in scenario],
+            "eval_domains": list(scenario.eval_domains),
+            "seq_len": scenario.config.seq_len,
+            "stream": stream_fingerprint(scenario),
+            "tokenizer": scenario.tokenizer.fingerprint,
+        },
+        "base": base,
+    }
+
+
+def make_strategy(setup: Setup):
+    from strategies import get_strategy
+
+    spec = setup.config.strategy
+    try:
+        return get_strategy(spec.name, **spec.kwargs)
+    except ValueError as err:
+        raise ConfigError(f"{setup.config_path}: run config field 'strategy.name': {err}") from None
+    except TypeError as err:  # constructor arguments that do not fit
+        raise ConfigError(f"{setup.config_path}: run config field 'strategy.kwargs' {spec.kwargs!r}: {err}") from None
+
+
+def resolved_yaml(setup: Setup, run_hash: str, name: str) -> str:
+    cfg = dataclasses.replace(setup.config, name=name, order=[exp.domain for exp in setup.scenario])
+    header = (f"# Resolved configuration of run {run_hash[:12]} (full hash {run_hash}),\n"
+              f"# from {setup.config_path}. `clp run` on this file finds the same run.\n")
+    return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def given_base(setup: Setup, say: Callable[[str], None]) -> tuple[dict, dict]:
+    """The base named by `base_checkpoint`, checked against this run's model: (identity, weights)."""
+    from cl_platform.checkpoint import CheckpointError, load_checkpoint
+
+    path = setup.config.base_checkpoint
+    data = load_checkpoint(path, "base", setup.model_config)
+    if "key" not in data:
+        raise CheckpointError(f"checkpoint {path} has no pretraining key")
+    say(f"base model: {path} (given by base_checkpoint)")
+    return {"source": "checkpoint", "key": data["key"]}, data["model"]
+
+
+def execute(
+    config: str | Path,
+    resume: bool = False,
+    run_dir: str | Path | None = None,
+    progress_bar: bool = True,
+    say: Callable[[str], None] = print,
+    callbacks: list | None = None,
+) -> tuple[Path, RunResults, Any]:
+    """Everything `clp run` does but printing the final report: (run folder, results, runner or
+    None when the run was already complete)."""
+    from cl_platform.engine import ContinualRunner, create_run_dir, inspect_run_dir
+    from experiments.callbacks import default_callbacks
+
+    setup = load_setup(config)
+    strategy = make_strategy(setup)  # an unknown strategy fails before anything is trained
+    cfg = setup.config
+    if is_child_rank():
+        say = _silent
+    # Identity needs the base's key, not its weights: a finished run is found without pretraining.
+    weights = None
+    if cfg.base_checkpoint is None:
+        base_id = {"source": "pretrain", "key": pretrain_key(setup)}
+    else:
+        base_id, weights = given_base(setup, say)
+    fields = identity(setup, base_id)
+    run_hash = config_hash(fields)
+    name = cfg.name or setup.config_path.stem
+    folder = Path(run_dir) if run_dir is not None else Path(cfg.runs_root) / f"{name}-{run_hash[:12]}"
+    if is_child_rank():  # rank 0 has made the folder decision; the other ranks only read
+        ckpt = folder / "checkpoints" / "last.ckpt"
+        state, resume_from = ("resume", ckpt if resume and ckpt.is_file() else None)
+    else:
+        state, resume_from = inspect_run_dir(folder, run_hash, fields, resume)
+    if state == "complete":
+        say(f"run {folder} is already complete (same configuration hash {run_hash[:12]})")
+        return folder, RunResults.from_json(folder / "results.json"), None
+    if weights is None:
+        _, _, _, weights = ensure_base(setup, progress_bar=progress_bar, say=say)
+    if state == "new":
+        create_run_dir(folder, run_hash, fields, resolved_yaml(setup, run_hash, name))
+    model = build_model(setup.model_config, cfg.seed)
+    model.load_state_dict(weights)
+    runner = ContinualRunner(
+        model=model,
+        stream=setup.scenario,
+        strategy=strategy,
+        config=cfg,
+        run_dir=folder,
+        config_hash=run_hash,
+        strategy_name=cfg.strategy.name,
+        callbacks=default_callbacks() + list(callbacks or []),
+        progress_bar=progress_bar,
+    )
+    if resume_from is not None:
+        say(f"resuming {folder} from {resume_from}")
+    say(f"run {folder}: {cfg.cl.mode} mode, {len(setup.scenario)} experiences "
+        f"({' -> '.join(exp.domain for exp in setup.scenario)}), strategy {cfg.strategy.name}, "
+        f"eval memory policy {cfg.cl.eval_memory}")
+    results = runner.run(resume_from=resume_from)
+    return folder, results, runner
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+def perplexity(matrix: ResultsMatrix) -> ResultsMatrix:
+    values = [[math.exp(v) if v < 700 else math.inf for v in row] for row in matrix.values.tolist()]
+    return ResultsMatrix(matrix.domains, matrix.experiences, values, "perplexity", True)
+
+
+def report(folder: Path, results: RunResults) -> str:
+    from analysis.metrics import summary
+    from analysis.table import format_table
+
+    s = summary(results)
+    lines = [
+        f"results matrix, loss per token (row t = after experience t, * = domain it trained; "
+        f"mode {results.mode}, eval memory {results.memory_policy}, strategy {results.strategy}):",
+        format_table(results),
+        "",
+        format_table(perplexity(results.matrix), precision=1),
+        "",
+        "forgetting summary (loss; positive forgetting = worse than the best seen, positive "
+        "BWT/FWT/plasticity = better):",
+    ]
+    labels = {
+        "average_final": "average final loss",
+        "average_forgetting": "average forgetting",
+        "backward_transfer": "backward transfer",
+        "forward_transfer": "forward transfer",
+        "plasticity": "plasticity",
+        "area_under_curve": "area under forgetting curves",
+    }
+    for key, label in labels.items():
+        value = s.get(key, math.nan)
+        extra = f"  (ppl {math.exp(value):.1f})" if key == "average_final" else ""
+        lines.append(f"  {label:<30} {value:+.4f}{extra}")
+    lines += [
+        "",
+        f"run folder   {folder}/",
+        "  config.yaml          resolved configuration (run.json: its hash and data fingerprints)",
+        "  results.json         results matrix, forgetting curves, seed, mode, memory policy, versions",
+        "  checkpoints/last.ckpt  model, fast weights, optimiser, strategy, data position",
+        "  tensorboard/         curves eval/<domain>/loss, training losses, FwPKM statistics, matrix heatmap, hparams",
+        f"TensorBoard: tensorboard --logdir {folder / 'tensorboard'}",
+    ]
+    return "\n".join(lines)
+
+
+def main(config: str, resume: bool = False, run_dir: str | None = None) -> int:
+    folder, results, _ = execute(config, resume=resume, run_dir=run_dir)
+    if not is_child_rank():
+        print()
+        print(report(folder, results))
+    return 0

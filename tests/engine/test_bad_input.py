@@ -1,0 +1,141 @@
+"""Bad input: each a clear error naming the problem, and nothing overwritten."""
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import strategies
+from cl_platform.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from cl_platform.engine import RunDirError, RunStopped
+from cl_platform.results import RunResults
+from cl_platform.run_config import ConfigError
+from cl_platform.strategy import Strategy
+from experiments.cli import main as cli_main
+from experiments.run import execute
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with its content hash (and so its presence)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def quiet(_):
+    pass
+
+
+def run(path, **kw):
+    return execute(path, progress_bar=False, say=quiet, **kw)
+
+
+class NanAt(Strategy):
+    """Test strategy: its loss term turns NaN at step `step` (1-based)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def extra_losses(self, batch, outputs, ctx):
+        bad = ctx.global_step + 1 >= self.step
+        return {"nan_at/term": outputs["lm_loss"] * 0 + (float("nan") if bad else 0.0)}
+
+
+@pytest.fixture
+def nan_strategy(monkeypatch):
+    monkeypatch.setitem(strategies.STRATEGIES, "nan_at", NanAt)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, words",
+    [
+        ({"order": ["math", "lw"]}, ConfigError, ["'order'", "'lw'"]),
+        ({"strategy": {"name": "ewcc"}}, ConfigError, ["'strategy.name'", "'ewcc'", "naive"]),
+        ({"strategy": {"name": "naive", "kwargs": {"alpha": 1}}}, ConfigError, ["'strategy.kwargs'", "alpha"]),
+        ({"cl": {"mode": "slow"}}, ConfigError, ["cl.mode", "'slow'"]),
+        ({"cl": {"eval_memory": "keep"}}, ConfigError, ["cl.eval_memory", "'keep'"]),
+    ],
+)
+def test_bad_config_names_the_problem_and_writes_nothing(tiny, tmp_path, overrides, error, words):
+    runs = tmp_path / "runs"
+    path = tiny.config(tmp_path / "bad.yaml", runs_root=str(runs), **overrides)
+    with pytest.raises(error) as info:
+        run(path)
+    for word in words:
+        assert word in str(info.value)
+    assert not runs.exists()
+
+
+def test_base_checkpoint_of_another_model_is_refused(tiny, tiny_base, tmp_path):
+    path = tiny.config(tmp_path / "other.yaml", runs_root=str(tmp_path / "runs"), base_checkpoint=str(tiny_base.path),
+                       model={"d_model": 32})
+    with pytest.raises(CheckpointError, match=r"different model config: d_model is 64 in the checkpoint, 32 in this run"):
+        run(path)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_base_checkpoint_is_used_instead_of_pretraining(tiny, tiny_base, tmp_path):
+    path = tiny.config(tmp_path / "given.yaml", runs_root=str(tmp_path / "runs"), base_checkpoint=str(tiny_base.path),
+                       order=["code"])
+    folder, results, _ = run(path)
+    assert results.matrix.is_complete and results.matrix.experiences == ["code"]
+    assert not list((tmp_path / "runs").glob("pretrain-*"))
+
+
+def test_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tiny, tiny_base, tmp_path, nan_strategy):
+    path = tiny.config(tmp_path / "nan.yaml", runs_root=str(tiny.runs), name="nan",
+                       cl={"mode": "finetune", "checkpoint_every": 4},
+                       strategy={"name": "nan_at", "kwargs": {"step": 9}})
+    with pytest.raises(RunStopped, match=r"non-finite loss at step 9 \(experience 2: code\).*last good checkpoint: .*last.ckpt \(step 8\)"):
+        run(path)
+    folder = next(tiny.runs.glob("nan-*"))
+    ckpt = load_checkpoint(folder / "checkpoints" / "last.ckpt", "run")
+    assert ckpt["position"]["step"] == 8
+    assert RunResults.from_json(folder / "results.json").matrix.last_complete_row == 1
+    before = snapshot(folder)
+
+    # Without --resume the unfinished folder is left alone; with it, a corrupted checkpoint is named.
+    with pytest.raises(RunDirError, match="unfinished run; continue it with --resume"):
+        run(path)
+    ckpt_path = folder / "checkpoints" / "last.ckpt"
+    data = ckpt_path.read_bytes()
+    ckpt_path.write_bytes(data[: len(data) // 2])
+    before = snapshot(folder)
+    with pytest.raises(CheckpointError, match=r"last.ckpt cannot be read: corrupted"):
+        run(path, resume=True)
+    assert snapshot(folder) == before
+
+
+def test_resume_on_a_folder_of_another_config_is_refused(tiny, tiny_base, tmp_path):
+    first = tiny.config(tmp_path / "a.yaml", runs_root=str(tiny.runs), name="a", order=["code"])
+    folder, _, _ = run(first)
+    before = snapshot(folder)
+    other = tiny.config(tmp_path / "b.yaml", runs_root=str(tiny.runs), name="b", order=["code"], seed=7)
+    with pytest.raises(RunDirError, match=r"(?s)different configuration.*config.seed: was 0, now 7"):
+        run(other, resume=True, run_dir=folder)
+    assert snapshot(folder) == before
+
+
+def test_run_checkpoint_of_another_model_is_refused(tiny_base, tmp_path):
+    from cl_platform.model import ModelConfig
+
+    cfg = tiny_base.setup.model_config
+    path = tmp_path / "last.ckpt"
+    save_checkpoint(path, "run", cfg, {"model": {}})
+    other = ModelConfig.preset("small", vocab_size=cfg.vocab_size, n_layer=2, d_model=64, n_head=2, fwpkm_layers=[0],
+                               fwpkm={"num_subkeys": 16, "d_key": 32, "d_value": 32, "chunk": 16})
+    with pytest.raises(CheckpointError, match=r"fwpkm_layers is \[1\] in the checkpoint, \[0\] in this run"):
+        load_checkpoint(path, "run", other)
+    with pytest.raises(CheckpointError, match="holds a 'run' checkpoint, expected 'base'"):
+        load_checkpoint(path, "base", cfg)
+    torch.save({"model": {}}, tmp_path / "foreign.ckpt")
+    with pytest.raises(CheckpointError, match="not a cl-platform checkpoint"):
+        load_checkpoint(tmp_path / "foreign.ckpt", "run")
+
+
+def test_cli_prints_one_error_line_and_exits_2(tiny, tmp_path, capsys):
+    path = tiny.config(tmp_path / "bad.yaml", runs_root=str(tmp_path / "runs"), order=["math", "lw"])
+    assert cli_main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clp run: error:") and "'lw'" in err

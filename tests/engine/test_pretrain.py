@@ -1,0 +1,72 @@
+"""Pretraining the base: clearly better than a unigram model, cached, and resumable exactly."""
+import json
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cl_platform.pretrain import Pretrainer, unigram_losses
+from experiments.pretrain import ensure_base, load_setup, pretrain_key
+
+
+def test_base_beats_the_unigram_model_clearly(tiny_base):
+    record = tiny_base.record
+    assert record["final_eval_mean"] < record["unigram_mean"] - 0.4, record
+    for domain, unigram in record["unigram"].items():
+        assert record["final_eval"][domain] < unigram - 0.3, domain
+    losses = [loss for _, loss in record["loss_curve"]]
+    assert len(losses) == 150 and sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 1.5
+    assert [step for step, _ in record["eval_curve"]["math"]] == [0, 50, 100, 150]
+    folder = tiny_base.path.parent
+    assert json.loads((folder / "pretrain.json").read_text())["final_eval"] == record["final_eval"]
+    assert not (folder / "last.ckpt").exists()
+    acc = EventAccumulator(str(folder / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("pretrain/lm")] == list(range(5, 151, 5))
+    assert {"pretrain/eval/math/loss", "pretrain/unigram/code", "fwpkm/fwpkm1/coverage"} <= set(acc.Tags()["scalars"])
+
+
+def test_second_request_uses_the_cache(tiny, tiny_base):
+    setup = load_setup(tiny.config(tiny.root / "again.yaml", pretrain={"eval_every": 7}))  # reporting only
+    said = []
+    path, record, cached, _ = ensure_base(setup, progress_bar=False, say=said.append)
+    assert cached and path == tiny_base.path and record == tiny_base.record
+    assert said and said[0].startswith("base model: cached")
+    other = load_setup(tiny.config(tiny.root / "other.yaml", pretrain={"lr": 1e-3}))
+    assert pretrain_key(other) != pretrain_key(setup)
+
+
+def test_unigram_loss_is_the_smoothed_cross_entropy():
+    train = [{"targets": torch.tensor([[2, 2, 3, -100]])}]
+    evals = {"d": [{"targets": torch.tensor([[2, 3, -100]])}]}
+    got = unigram_losses(train, evals, vocab_size=4)
+    # counts (0, 0, 2, 1) + 1 over 3 + 4: p(2) = 3/7, p(3) = 2/7
+    assert got["d"] == pytest.approx(-(math.log(3 / 7) + math.log(2 / 7)) / 2)
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_interrupted_pretraining_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
+    small = {"steps": 40, "checkpoint_every": 20, "eval_every": 20}
+    whole = load_setup(tiny.config(tmp_path / "whole.yaml", runs_root=str(tmp_path / "a"), pretrain=small))
+    _, _, _, reference = ensure_base(whole, progress_bar=False, say=lambda _: None)
+
+    cut = load_setup(tiny.config(tmp_path / "cut.yaml", runs_root=str(tmp_path / "b"), pretrain=small))
+    save = Pretrainer.save_progress
+
+    def save_then_die(self):
+        save(self)
+        raise Interrupted
+
+    monkeypatch.setattr(Pretrainer, "save_progress", save_then_die)
+    with pytest.raises(Interrupted):
+        ensure_base(cut, progress_bar=False, say=lambda _: None)
+    monkeypatch.setattr(Pretrainer, "save_progress", save)
+    said = []
+    _, record, cached, resumed = ensure_base(cut, progress_bar=False, say=said.append)
+    assert not cached and record["steps"] == 40
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)

@@ -1,0 +1,78 @@
+"""`clp run` end to end on the tiny 2-domain stream: pretraining, both rows of the protocol,
+results.json, TensorBoard events read back, the printed report, and a second invocation."""
+import math
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from analysis.metrics import summary
+from analysis.table import format_table
+from cl_platform.results import RunResults
+
+
+def events(folder: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(folder / "tensorboard"), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+@pytest.mark.slow
+def test_tiny_stream_end_to_end(tiny):
+    cfg = tiny.config(tiny.root / "e2e" / "e2e.yaml", runs_root=str(tiny.root / "e2e" / "runs"))
+    start = time.perf_counter()
+    proc = tiny.run_cli(["run", str(cfg)])
+    took = time.perf_counter() - start
+    assert took < 60, f"tiny end-to-end run took {took:.1f} s"
+    out = proc.stdout
+    assert "base model: pretraining 150 steps" in out
+    folder = Path(re.search(r"run folder\s+(\S+)/", out).group(1))
+    assert folder.name.startswith("e2e-") and (folder / "config.yaml").is_file()
+
+    results = RunResults.from_json(folder / "results.json")
+    matrix = results.matrix
+    assert matrix.is_complete and matrix.domains == ["math", "code"] and matrix.experiences == ["math", "code"]
+    assert (results.mode, results.memory_policy, results.strategy, results.seed) == ("fast", "frozen", "naive", 0)
+    assert results.config_hash.startswith(folder.name.split("-")[-1])
+    assert {"torch", "lightning"} <= set(results.versions)
+    assert format_table(results) in out
+    s = summary(results)
+    assert f"{s['average_forgetting']:+.4f}" in out and f"{s['plasticity']:+.4f}" in out
+    assert "tensorboard --logdir" in out
+    assert re.search(r"\[1/2 math\] 6 steps, train loss \d\.\d+ \| eval loss math", out)
+
+    # Forgetting curves: every domain at steps 0, 2, 4, 6 (end of math) ... 12 (end of code).
+    steps = [0, 2, 4, 6, 8, 10, 12]
+    assert all([p[0] for p in results.curves[d]] == steps for d in matrix.domains)
+
+    acc = events(folder)
+    scalars = set(acc.Tags()["scalars"])
+    for d in matrix.domains:
+        logged = [(e.step, e.value) for e in acc.Scalars(f"eval/{d}/loss")]
+        assert [s_ for s_, _ in logged] == steps
+        np.testing.assert_allclose([v for _, v in logged], [v for _, v in results.curves[d]], rtol=1e-6)
+        rows = [e.value for e in acc.Scalars(f"results/{d}/loss")]
+        np.testing.assert_allclose(rows, matrix.values[:, matrix.domains.index(d)], rtol=1e-6)
+        assert f"eval/{d}/ppl" in scalars
+    assert [e.step for e in acc.Scalars("train/lm")] == list(range(1, 13))
+    for stat in ("gate_mean", "coverage", "collision_rate", "kl_uniform", "value_update_norm", "key_update_norm"):
+        assert f"fwpkm/fwpkm1/{stat}" in scalars
+    coverage = [e.value for e in acc.Scalars("fwpkm/fwpkm1/coverage")]
+    assert 0 < min(coverage) and max(coverage) <= 1
+    assert len(acc.Images("results/matrix")) == 3  # rows 0, 1, 2
+    assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
+    final = [e.value for e in acc.Scalars("final/average_final")]
+    assert final == pytest.approx([s["average_final"]])
+
+    # Fast mode rewrites the memory, so rows differ (whether that helps: experiments/LOG.md).
+    assert not np.array_equal(matrix.values[0], matrix.values[1])
+    assert not np.array_equal(matrix.values[1], matrix.values[2])
+
+    again = tiny.run_cli(["run", str(cfg)])
+    assert "already complete" in again.stdout and "pretraining" not in again.stdout
+    assert format_table(results) in again.stdout
+    resolved = tiny.run_cli(["run", str(folder / "config.yaml")])  # the resolved config is the same run
+    assert f"run {folder} is already complete" in resolved.stdout
