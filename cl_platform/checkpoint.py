@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from cl_platform.atomic import atomic_write
 
 FORMAT = "cl-platform-checkpoint/1"
 
@@ -33,16 +34,7 @@ def save_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any, 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "kind": kind, "model_config": model_config_dict(model_config), **payload}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: torch.save(data, f), binary=True)
 
 
 def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any | None = None) -> dict[str, Any]:

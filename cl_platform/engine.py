@@ -58,6 +58,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Subset
 
+from cl_platform.atomic import atomic_write_text
 from cl_platform.callbacks import ExperienceProgressBar, RunCallback, TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import load_checkpoint, save_checkpoint
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, step_seed
@@ -428,6 +429,4 @@ def _as_json(data: Any) -> Any:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")

@@ -340,7 +340,7 @@ def fwpkm_chunked(
     `ranks`: sum the writes (and read counts) over data-parallel ranks (see `RankSum`).
     """
     B, T, _ = q.shape
-    H, k, S, Dh = cfg.heads, cfg.topk, cfg.num_subkeys, cfg.d_key // 2
+    H, k, Dh = cfg.heads, cfg.topk, cfg.d_key // 2
     qh = q.view(B, T, H, 2 * Dh)
     graph = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad or g.requires_grad)
     store = _OverlayValues(values) if graph and write else _InPlaceValues(values)

@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
+from cl_platform.atomic import atomic_write_text
 from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import load_checkpoint, save_checkpoint
 from cl_platform.engine import RunStopped, make_trainer, quiet_lightning, subset_loaders
@@ -229,6 +230,4 @@ def _mean(values) -> float:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")

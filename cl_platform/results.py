@@ -19,13 +19,14 @@ string "inf" / "-inf" (a diverged loss is a result worth keeping).
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
+
+from cl_platform.atomic import atomic_write_text
 
 SCHEMA_VERSION = 1
 
@@ -304,17 +305,7 @@ class RunResults:
     def to_json(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a reader never sees a half-written file, even if the run dies."""
         path = Path(path)
-        text = json.dumps(self.to_dict(), indent=1, allow_nan=False)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> "RunResults":

@@ -38,7 +38,9 @@ class StrategyContext:
     model:        the network; its FwPKM layers expose the public slot knobs
     experience:   1-based index t of the current experience (results row t after it ends)
     domain:       the domain experience t trains
-    global_step:  optimiser steps so far over the whole run (Lightning's `global_step`)
+    global_step:  training batches so far over the whole run (the run's own step: equal to the
+                  optimiser steps in 'finetune'; in 'fast' there is no optimiser, and Lightning's
+                  `global_step` would stay 0)
     mode:         'fast' (slow weights frozen, fast weights adapt) or 'finetune'
     extras:       anything else a runner passes on (e.g. the stream, the number of experiences);
                   strategies must treat a missing key as "not available"

@@ -1,6 +1,5 @@
 """`clp run` end to end on the tiny 2-domain stream: pretraining, both rows of the protocol,
 results.json, TensorBoard events read back, the printed report, and a second invocation."""
-import math
 import re
 import time
 from pathlib import Path
