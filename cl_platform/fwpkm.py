@@ -19,7 +19,7 @@ table once, detached, when the call ends.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple
 
 import torch
@@ -241,6 +241,10 @@ class _InPlaceValues:
     def commit(self) -> None:
         pass
 
+    def current(self) -> Tensor:
+        """The table as the next chunk reads it (a copy: tests and inspection only)."""
+        return self.table.detach().clone()
+
 
 class _Run(NamedTuple):
     ids: Tensor  # (n,) sorted slot ids
@@ -406,19 +410,12 @@ def fwpkm_chunked(
             update_sq += sq
             addr_losses.append(addr.detach())
         if on_chunk is not None:
-            on_chunk(ChunkRecord(ci, keys.detach(), _current_values(store), addr))
+            on_chunk(ChunkRecord(ci, keys.detach(), store.current(), addr))
     store.commit()
     vhat = torch.cat(vhats, dim=1)
     look = Lookup(*(torch.cat(parts, dim=1) for parts in zip(*looks)))
     addr_t = torch.stack(addr_losses) if addr_losses else q.new_zeros(0)
     return ChunkedOutput(vhat, look, keys, addr_t, update_sq)
-
-
-def _current_values(store) -> Tensor:
-    """The value table as the next chunk would read it (a copy; for tests and inspection only)."""
-    if isinstance(store, _OverlayValues):
-        return store.current()
-    return store.table.detach().clone()
 
 
 def _check_finite(delta_sq: Tensor, new_keys: Tensor, name: str, chunk: int) -> None:
@@ -471,7 +468,7 @@ class FwPKM(nn.Module):
 
     def reset_slots(self, slot_ids: Tensor, generator: torch.Generator | None = None) -> None:
         """Re-initialise the given value rows (keys are shared by many slots and stay)."""
-        fresh = torch.empty(slot_ids.numel(), self.config.d_value, device=self.values.device)
+        fresh = torch.empty(slot_ids.numel(), self.config.d_value, device=self.values.device, dtype=self.values.dtype)
         fresh.normal_(0.0, 1.0 / math.sqrt(self.config.d_value), generator=generator)
         with torch.no_grad():
             self.values[slot_ids] = fresh
@@ -499,9 +496,6 @@ class FwPKM(nn.Module):
     def last_stats(self) -> dict[str, float]:
         """Last call: mean gate, ‖ΔV‖ and ‖ΔK‖ over its writes, mean addressing loss."""
         return {k: float(v) for k, v in self._stats.items()}
-
-    def describe(self) -> dict:
-        return {"name": self.name, **asdict(self.config), "writes_enabled": self.writes_enabled}
 
     # --- forward -----------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:

@@ -284,3 +284,16 @@ def test_invalid_config_names_the_field(field, value):
     kwargs[field] = value
     with pytest.raises(ValueError, match=field):
         FwPKMConfig(**kwargs)
+
+
+def test_reset_slots_reinitialises_only_the_given_rows():
+    layer = small_layer()
+    before = layer.snapshot()
+    ids = torch.tensor([3, 17, 40])
+    layer.reset_slots(ids, torch.Generator().manual_seed(5))
+    changed = (layer.values != before.values).any(-1).nonzero().squeeze(-1)
+    assert torch.equal(changed, ids)
+    assert torch.equal(layer.keys, before.keys)
+    fresh = torch.empty(3, layer.config.d_value, dtype=torch.float64).normal_(
+        0.0, 1.0 / layer.config.d_value**0.5, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(layer.values[ids], fresh)  # drawn in the table's dtype (float64 here)
