@@ -3,6 +3,7 @@ renamed over the target, so a reader — or a run resumed after a kill — sees 
 new one, never half of one. No torch import: `results.py` (read by `analysis/`) uses it."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -25,3 +26,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO], None], bina
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write(path, lambda f: f.write(text))
+
+
+def atomic_write_json(path: str | os.PathLike[str], data) -> None:
+    """`data` as indented JSON (values JSON cannot hold are written as strings)."""
+    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")

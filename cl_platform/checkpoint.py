@@ -27,7 +27,11 @@ class CheckpointError(RuntimeError):
 
 
 def model_config_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    """The architecture a checkpoint is for: the model config without `preset`, which only names
+    where its defaults came from (a base built from equal fields fits whatever the preset name)."""
+    data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    data.pop("preset", None)
+    return data
 
 
 def save_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any, payload: dict[str, Any]) -> None:
@@ -58,7 +62,7 @@ def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any |
         raise CheckpointError(f"checkpoint {path} holds a {data.get('kind')!r} checkpoint, expected {kind!r}")
     if model_config is not None:
         expected = model_config_dict(model_config)
-        saved = data.get("model_config")
+        saved = model_config_dict(data.get("model_config") or {})
         if saved != expected:
             diffs = _diff(saved or {}, expected)
             raise CheckpointError(

@@ -4,7 +4,7 @@
                              run_dir=Path("runs/default-1a2b3c4d5e6f"), config_hash=h, strategy_name="naive")
     results = runner.run(resume_from=None)       # RunResults, also in run_dir/results.json
 
-Protocol (FWPKM.md, "Continual learning"):
+Protocol (docs/protocol.md):
     row 0      every domain's eval split, before any experience
     for each experience t = 1..T (domain d_t):
         strategy.on_experience_start; one pass over d_t's adapt data (a fresh Lightning Trainer:
@@ -43,119 +43,44 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, Subset
 
-from cl_platform.atomic import atomic_write_text
-from cl_platform.callbacks import ExperienceProgressBar, RunCallback, TrainingLogger, log_scalars, mark_restart
+from cl_platform.atomic import atomic_write_json
+from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import load_checkpoint, save_checkpoint
-from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, step_seed
+from cl_platform.config import RunConfig, dict_diff
+from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
 from cl_platform.memory_policy import get_memory_policy
 from cl_platform.model import FwPKMLM
-from cl_platform.results import ResultsMatrix, RunResults, package_versions
-from cl_platform.run_config import RunConfig, dict_diff
+from cl_platform.results import ResultsMatrix, RunResults, package_versions, perplexity
 from cl_platform.strategy import Strategy, StrategyContext
+from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
-
-
-class RunStopped(RuntimeError):
-    """The run stopped on a non-finite loss; the message names the step and the last good checkpoint."""
 
 
 class RunDirError(RuntimeError):
     """The run folder cannot be used as asked (exists, differs, nothing to resume); nothing was written."""
 
 
-def quiet_lightning() -> None:
-    """Silence Lightning's advice that does not apply here (CPU only, in-memory segments, and
-    fast mode deliberately has no optimiser)."""
-    for pattern in (
-        ".*does not have many workers.*",
-        ".*returned `None`, this fit will run with no optimizer.*",
-        ".*GPU available but not used.*",
-        ".*The number of training batches.*is smaller than the logging interval.*",
-        ".*Consider setting `persistent_workers=True`.*",
-        ".*You defined a `validation_step` but have no `val_dataloader`.*",
-        ".*Total length of `.*` across ranks is zero.*",
-        ".*module\\(s\\) in eval mode at the start of training.*",  # fast mode adapts in eval mode on purpose
-        ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
-    ):
-        warnings.filterwarnings("ignore", pattern)
-    import logging
+class RunCallback(L.Callback):
+    """A Lightning callback that also hears about results rows and the end of the run."""
 
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
-                 "lightning.fabric.utilities.distributed", "lightning.pytorch.strategies.ddp"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    def on_results_row(self, runner: "ContinualRunner", row: int) -> None:
+        """Row `row` of `runner.results.matrix` has just been measured (0 = before any experience)."""
 
+    def on_run_end(self, runner: "ContinualRunner") -> None:
+        """Every row is measured and results.json is final."""
 
-def make_trainer(devices: int, callbacks: list, logger: Any, progress_bar: bool, shard_data: bool = True) -> L.Trainer:
-    """A fresh Trainer for one fit or one evaluation. devices > 1: DDP over CPU processes with
-    gloo; buffers are not broadcast (the FwPKM layers sum their writes over ranks themselves, so
-    every rank holds the same memory; broadcasting rank 0's would hide a divergence).
-    `shard_data=False` lets every rank read all of its data (evaluations: every rank computes the
-    whole results row, no reduction needed)."""
-    strategy: Any = "auto"
-    if devices > 1:
-        from lightning.pytorch.strategies import DDPStrategy
-
-        strategy = DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)
-    if progress_bar:
-        callbacks = [*callbacks, ExperienceProgressBar()]
-    return L.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=strategy,
-        max_epochs=1,
-        logger=logger,
-        callbacks=callbacks,
-        enable_checkpointing=any(isinstance(c, Checkpoint) for c in callbacks),
-        enable_progress_bar=progress_bar,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        inference_mode=False,  # the `stream` memory policy writes in place during evaluation
-        use_distributed_sampler=shard_data,
-        log_every_n_steps=1,
-    )
-
-
-def subset_loaders(loaders: dict[str, DataLoader], segments: int, batch_size: int) -> dict[str, DataLoader]:
-    """The first `segments` segments of each loader's dataset, in order."""
-    return {
-        name: DataLoader(Subset(loader.dataset, range(min(segments, len(loader.dataset)))), batch_size=batch_size)
-        for name, loader in loaders.items()
-    }
-
-
-class _RunHooks(Checkpoint):
-    """After every training batch: forgetting-curve point and checkpoint when due. A `Checkpoint`
-    subclass, so Lightning runs it after every other callback (the loggers see the batch first)."""
-
-    def __init__(self, runner: "ContinualRunner"):
-        self.runner = runner
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.runner.trainer = trainer
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        cl = self.runner.config.cl
-        step = pl_module.step
-        if step % cl.curve_every == 0:
-            self.runner.curve_point()
-        if step % cl.checkpoint_every == 0:
-            self.runner.save()
 
 
 class ContinualRunner:
@@ -189,9 +114,12 @@ class ContinualRunner:
             optim = OptimSettings(lr=cl.lr, weight_decay=cl.weight_decay, grad_clip=cl.grad_clip)
         self.domains = list(stream.eval_domains)
         self.experiences = [stream[i].domain for i in range(len(stream))]
+        # The continual phase's write rule replaces the one the base was pretrained with.
+        model.set_write_rules(cl.fwpkm, cl.fwpkm_by_layer)
+        self.position = RunPosition()
         self.module = LMModule(model, phase=cl.mode, optim=optim, strategy=strategy,
                                memory_policy=get_memory_policy(cl.eval_memory), seed=config.seed,
-                               eval_domains=self.domains)
+                               eval_domains=self.domains, position=self.position)
         self.results = RunResults(
             matrix=ResultsMatrix.empty(self.domains, self.experiences),
             config_hash=config_hash,
@@ -201,7 +129,6 @@ class ContinualRunner:
             strategy=strategy_name,
             versions=package_versions(),
         )
-        self.started = False  # on_experience_start has run for the experience in progress
         self.saved_step: int | None = None
         self.trainer: L.Trainer | None = None
         self.logger = TensorBoardLogger(save_dir=str(self.run_dir), name="", version="tensorboard", default_hp_metric=False)
@@ -209,7 +136,8 @@ class ContinualRunner:
         self.eval_loaders = [eval_loaders[d] for d in self.domains]
         self.curve_loaders = subset_loaders(eval_loaders, cl.curve_segments, cl.eval_batch_size)
         self.callbacks = list(callbacks or [])
-        self._lightning_callbacks = [TrainingLogger(cl.log_every, "train"), *self.callbacks, _RunHooks(self)]
+        hooks = StepHooks(self._after_step, on_start=self._set_trainer)
+        self._lightning_callbacks = [TrainingLogger(cl.log_every, "train"), *self.callbacks, hooks]
 
     @property
     def is_rank_zero(self) -> bool:
@@ -221,7 +149,7 @@ class ContinualRunner:
         quiet_lightning()
         if resume_from is not None:
             self._restore(resume_from)
-            mark_restart(self.logger, self.module.step)
+            mark_restart(self.logger, self.position.step)
         matrix = self.results.matrix
         if matrix.last_complete_row < 0:
             self._evaluate_row(0)
@@ -231,18 +159,28 @@ class ContinualRunner:
             exp = self.stream[t - 1]
             ctx = self._context(t, exp)
             self._train(ctx, exp)
-            torch.manual_seed(step_seed(self.config.seed, self.module.step) ^ 0x2)
+            torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x2)
             self.strategy.on_experience_end(ctx)
-            if self._last_curve_step() != self.module.step:
+            if self._last_curve_step() != self.position.step:
                 self.curve_point()
             self._evaluate_row(t)
-            self.started = False
-            self.module.segments_done = 0
+            self.position.end_experience()
             self.save()
         for cb in self._run_callbacks():
             cb.on_run_end(self)
         self.logger.finalize("success")
         return self.results
+
+    def _set_trainer(self, trainer: L.Trainer) -> None:
+        self.trainer = trainer
+
+    def _after_step(self, step: int) -> None:
+        """After every training batch: forgetting-curve point and checkpoint when due."""
+        cl = self.config.cl
+        if step % cl.curve_every == 0:
+            self.curve_point()
+        if step % cl.checkpoint_every == 0:
+            self.save()
 
     def _run_callbacks(self) -> list[RunCallback]:
         # Reports (printed lines, images, hparams) come from one process; every rank has the same results.
@@ -257,26 +195,24 @@ class ContinualRunner:
             model=self.module.model,
             experience=t,
             domain=exp.domain,
-            global_step=self.module.step,
+            global_step=self.position.step,
             mode=self.config.cl.mode,
             extras={"stream": self.stream, "experience": exp, "num_experiences": len(self.experiences),
                     "eval_domains": list(self.domains)},
         )
-        self.module.ctx = ctx
-        self.module.progress_label = f"exp {t}/{len(self.experiences)} {exp.domain}"
+        self.module.begin_experience(ctx, label=f"exp {t}/{len(self.experiences)} {exp.domain}")
         return ctx
 
     def _train(self, ctx: StrategyContext, exp: Any) -> None:
-        if not self.started:
+        if not self.position.started:
             # Addressing-health statistics are per experience; the strategy hears about the end
             # of the previous experience before they are cleared.
             for layer in self.module.model.fwpkm_layers():
                 layer.reset_read_counts()
-            torch.manual_seed(step_seed(self.config.seed, self.module.step) ^ 0x1)
+            torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x1)
             self.strategy.on_experience_start(ctx)
-            self.started = True
-            self.module.segments_done = 0
-        loader = exp.adapt_loader(self.config.cl.batch_size, start=self.module.segments_done)
+            self.position.start_experience()
+        loader = exp.adapt_loader(self.config.cl.batch_size, start=self.position.segments_done)
         if len(loader) == 0:  # killed after the last batch's checkpoint: nothing left to stream
             return
         trainer = make_trainer(self.config.cl.devices, self._lightning_callbacks, self.logger, self.progress_bar)
@@ -313,7 +249,7 @@ class ContinualRunner:
         for domain in self.domains:
             self.results.matrix.record(t, domain, self.module.last_eval[domain])
         row = {f"results/{d}/loss": v for d, v in self.module.last_eval.items()}
-        log_scalars(self.logger, row, self.module.step)
+        log_scalars(self.logger, row, self.position.step)
         self._write_results()
         for cb in self._run_callbacks():
             cb.on_results_row(self, t)
@@ -321,12 +257,12 @@ class ContinualRunner:
     def curve_point(self) -> None:
         """Evaluate every domain on its curve segments and append the point at the current step."""
         values = self.module.evaluate(self.curve_loaders)
-        step = self.module.step
+        step = self.position.step
         metrics = {}
         for domain, value in values.items():
             self.results.add_point(domain, step, value)
             metrics[f"eval/{domain}/loss"] = value
-            metrics[f"eval/{domain}/ppl"] = math.exp(value) if value < 700 else math.inf
+            metrics[f"eval/{domain}/ppl"] = perplexity(value)
         log_scalars(self.logger, metrics, step)
         self._write_results()
 
@@ -350,10 +286,9 @@ class ContinualRunner:
                 "optimizer": self._optimizer_state(),
                 "strategy": self.strategy.state_dict(),
                 "results": self.results.to_dict(),
-                "position": {"step": self.module.step, "segments_done": self.module.segments_done,
-                             "started": self.started},
+                "position": self.position.state_dict(),
             })
-        self.saved_step = self.module.step
+        self.saved_step = self.position.step
 
     def _restore(self, path: str | os.PathLike[str]) -> None:
         data = load_checkpoint(path, "run", self.module.model.config)
@@ -361,16 +296,13 @@ class ContinualRunner:
             raise RunDirError(f"checkpoint {path} belongs to run {data.get('config_hash')!r}, "
                               f"not to this configuration ({self.results.config_hash})")
         self.module.model.load_state_dict(data["model"])
-        self.module.optimizer_state = data["optimizer"]
+        self.module.load_optimizer_state(data["optimizer"])
         self.strategy.load_state_dict(data["strategy"])
         saved = RunResults.from_dict(data["results"])
         self.results.matrix = saved.matrix
         self.results.curves = saved.curves
-        position = data["position"]
-        self.module.step = position["step"]
-        self.module.segments_done = position["segments_done"]
-        self.started = position["started"]
-        self.saved_step = self.module.step
+        self.position.load_state_dict(data["position"])
+        self.saved_step = self.position.step
 
 
 # --- run folders ----------------------------------------------------------------------------------
@@ -420,13 +352,9 @@ def create_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(resolved_yaml, encoding="utf-8")
-    _write_json(run_dir / "run.json", {"config_hash": config_hash, "identity": _as_json(identity),
-                                       "command": sys.argv, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
+    atomic_write_json(run_dir / "run.json", {"config_hash": config_hash, "identity": _as_json(identity),
+                                             "command": sys.argv, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 def _as_json(data: Any) -> Any:
     return json.loads(json.dumps(data, default=str))
-
-
-def _write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")

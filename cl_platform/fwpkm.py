@@ -1,7 +1,16 @@
 """Fast-weight Product Key Memory (FwPKM): a sparse memory rewritten by one gradient step per chunk.
 
-Specification: FWPKM.md (Zhao & Jones 2026). Naive loop reference: `fwpkm_naive.py`; the two are
-compared on outputs, states after every chunk and gradients in `tests/cl_platform/test_fwpkm.py`.
+    layer = FwPKM(d_model=256, config=FwPKMConfig(), rule=WriteRule(chunk=128))
+    h = h + layer(h)                     # each chunk of `rule.chunk` tokens reads, then writes
+    saved = layer.snapshot()             # FastWeightState(keys, values, read_counts, write_mask)
+    layer.rule = WriteRule(lr_values=0.5)  # a later phase writes differently; the shape is fixed
+    layer.restore(saved)                 # bit for bit
+
+Specification: docs/fwpkm.md (Zhao & Jones 2026). `FwPKMConfig` is the architecture (fixed by the
+base model); `WriteRule` is how the memory learns (a setting of the phase). Naive loop reference:
+`fwpkm_naive.py`; the two are compared on outputs, states after every chunk and gradients in
+`tests/cl_platform/test_fwpkm.py`. The product-key lookup is shared with the static PKM
+(`product_keys.py`).
 
 Shape letters: B batch, T tokens in the call, L tokens in the current chunk (≤ C), H heads,
 k top-k, S sub-keys per codebook, N = S² slots, D model width, Dk key width per head
@@ -26,58 +35,74 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cl_platform.check import check, is_int, is_number
 from cl_platform.norm import RMSNorm
+from cl_platform.product_keys import IDW_EPS, Lookup, SubKeys, product_key_lookup
 
-IDW_EPS = 1e-3  # ε in s = −log(ε + ‖q − K‖²)
 ENTROPY_EPS = 1e-8  # inside the log of the addressing entropy
 ZSCORE_EPS = 1e-6
+
+Persistence = Literal["persist", "reset_per_call"]
 
 
 @dataclass
 class FwPKMConfig:
-    """FwPKM hyper-parameters. Defaults are the spec's `small` column (paper values in comments)."""
+    """FwPKM architecture: what the slow weights are shaped and trained around, fixed by the base
+    model. Defaults are the spec's `small` column (paper values in comments)."""
 
     num_subkeys: int = 128  # S; slots N = S² (paper 512)
     d_key: int = 128  # d_k per head, split into two halves (paper 512)
     d_value: int = 128  # d_v (paper 512)
     heads: int = 1
     topk: int = 8
-    chunk: int = 128  # C: tokens per write (paper 512)
-    lr_values: float = 1.0  # η
-    lr_keys: float = 1.0  # η_K
-    addr_weight: float = 1.0  # λ
-    lookahead: bool = True  # value target y_t = v_{t+1} (off: y_t = v_t)
     gate: bool = True  # off: g ≡ 1, so o = v̂ and every token writes with full weight
     target_norm: bool = True  # z-score v over features
-    # "persist": the state carries over between calls until reset/restore (the paper's protocol).
-    # "reset_per_call": every forward starts from a fresh initialisation (episodic use, e.g. NIAH).
-    persistence: Literal["persist", "reset_per_call"] = "persist"
 
     def __post_init__(self) -> None:
-        def need(ok: bool, field: str, allowed: str) -> None:
-            if not ok:
-                raise ValueError(f"FwPKMConfig.{field}={getattr(self, field)!r} is invalid: {allowed}")
-
-        need(isinstance(self.num_subkeys, int) and self.num_subkeys > 0, "num_subkeys", "must be a positive int")
-        need(isinstance(self.d_key, int) and self.d_key > 0 and self.d_key % 2 == 0, "d_key", "must be a positive even int (split into two halves)")
-        need(isinstance(self.d_value, int) and self.d_value > 1, "d_value", "must be an int ≥ 2")
-        need(isinstance(self.heads, int) and self.heads >= 1, "heads", "must be an int ≥ 1")
-        need(isinstance(self.topk, int) and 1 <= self.topk <= self.num_subkeys, "topk", f"must be in 1..num_subkeys={self.num_subkeys}")
-        need(isinstance(self.chunk, int) and self.chunk >= 2, "chunk", "must be an int ≥ 2")
-        for f in ("lr_values", "lr_keys", "addr_weight"):
-            need(math.isfinite(getattr(self, f)) and getattr(self, f) >= 0, f, "must be a finite number ≥ 0")
-        need(self.persistence in ("persist", "reset_per_call"), "persistence", "one of 'persist', 'reset_per_call'")
+        check(is_int(self.num_subkeys, 1), self, "num_subkeys", "must be a positive int")
+        check(is_int(self.d_key, 2) and self.d_key % 2 == 0, self, "d_key", "must be a positive even int (split into two halves)")
+        check(is_int(self.d_value, 2), self, "d_value", "must be an int ≥ 2")
+        check(is_int(self.heads, 1), self, "heads", "must be an int ≥ 1")
+        check(is_int(self.topk, 1) and self.topk <= self.num_subkeys, self, "topk", f"must be an int in 1..num_subkeys={self.num_subkeys}")
+        for name in ("gate", "target_norm"):
+            check(isinstance(getattr(self, name), bool), self, name, "must be true or false")
 
     @property
     def num_slots(self) -> int:
         return self.num_subkeys * self.num_subkeys
 
 
-class FastWeightState(NamedTuple):
-    """The fast weights as a value: keys (H, 2, S, Dh) and values (N, Dv), float32."""
+@dataclass(frozen=True)
+class WriteRule:
+    """How the fast weights learn: a setting of the phase (pretraining, continual learning), not
+    of the architecture, so a continual phase can change it on a fixed base. Frozen, so that one
+    rule can be shared by many layers; give a layer a new one with `layer.rule = WriteRule(...)`."""
 
-    keys: Tensor
-    values: Tensor
+    lr_values: float = 1.0  # η
+    lr_keys: float = 1.0  # η_K
+    addr_weight: float = 1.0  # λ
+    chunk: int = 128  # C: tokens per write (paper 512)
+    lookahead: bool = True  # value target y_t = v_{t+1} (off: y_t = v_t)
+    # "persist": the state carries over between calls until reset/restore (the paper's protocol).
+    # "reset_per_call": every forward starts from a fresh initialisation (episodic use, e.g. NIAH).
+    persistence: Persistence = "persist"
+
+    def __post_init__(self) -> None:
+        for name in ("lr_values", "lr_keys", "addr_weight"):
+            check(is_number(getattr(self, name), 0), self, name, "must be a finite number ≥ 0")
+        check(is_int(self.chunk, 2), self, "chunk", "must be an int ≥ 2")
+        check(isinstance(self.lookahead, bool), self, "lookahead", "must be true or false")
+        check(self.persistence in ("persist", "reset_per_call"), self, "persistence", "must be one of 'persist', 'reset_per_call'")
+
+
+class FastWeightState(NamedTuple):
+    """The whole fast state of one layer, as a value. `FwPKM.snapshot()` returns a copy,
+    `FwPKM.restore()` puts one back, `fwpkm_chunked` changes keys, values and read counts in place."""
+
+    keys: Tensor  # (H, 2, S, Dh) float32 codebooks
+    values: Tensor  # (N, Dv) float32 value table
+    read_counts: Tensor  # (N,) int64 reads per slot since the last `reset_read_counts()`
+    write_mask: Tensor  # (N,) bool; False rows never change
 
 
 class NonFiniteWriteError(FloatingPointError):
@@ -85,13 +110,15 @@ class NonFiniteWriteError(FloatingPointError):
 
 
 def init_state(cfg: FwPKMConfig, generator: torch.Generator | None = None, device=None) -> FastWeightState:
-    """Keys uniform in ±1/√d_k, values normal with std 1/√d_v (spec)."""
+    """Keys uniform in ±1/√d_k, values normal with std 1/√d_v (spec); no reads, every row writable."""
     bound = 1.0 / math.sqrt(cfg.d_key)
     keys = torch.empty(cfg.heads, 2, cfg.num_subkeys, cfg.d_key // 2, device=device)
     keys.uniform_(-bound, bound, generator=generator)
     values = torch.empty(cfg.num_slots, cfg.d_value, device=device)
     values.normal_(0.0, 1.0 / math.sqrt(cfg.d_value), generator=generator)
-    return FastWeightState(keys, values)
+    read_counts = torch.zeros(cfg.num_slots, dtype=torch.long, device=device)
+    write_mask = torch.ones(cfg.num_slots, dtype=torch.bool, device=device)
+    return FastWeightState(keys, values, read_counts, write_mask)
 
 
 def zscore(v: Tensor) -> Tensor:
@@ -99,49 +126,6 @@ def zscore(v: Tensor) -> Tensor:
     c = v - v.mean(-1, keepdim=True)
     std = (c.pow(2).sum(-1, keepdim=True) / (v.shape[-1] - 1)).sqrt()
     return c / (std + ZSCORE_EPS)
-
-
-class Lookup(NamedTuple):
-    idx: Tensor  # (..., H, k) slot ids a·S + b
-    weights: Tensor  # (..., H, k) softmax over the final top-k scores
-
-
-class SubKeys(NamedTuple):
-    """Per-codebook top-k of a chunk, kept for the key write."""
-
-    q: Tensor  # (M, H, 2, Dh) query halves
-    idx: Tensor  # (M, H, 2, k) top-k sub-key ids per codebook
-    d2: Tensor  # (M, H, 2, k) squared distances to them
-
-
-def product_key_lookup(q: Tensor, keys: Tensor, topk: int) -> tuple[Lookup, SubKeys]:
-    """IDW product-key addressing. q (..., H, Dk), keys (H, 2, S, Dh) → (Lookup, SubKeys).
-
-    One batched matmul gives ‖q − K‖² − ‖q‖² = ‖K‖² − 2 q·K for every sub-key; top-k runs on it
-    directly (−log(ε + d²) is decreasing in d² and ‖q‖² is constant per row), and the log is taken
-    only for the k winners. Gradients reach q and the keys through the winners' distances; the
-    top-k selection itself is constant, as in the spec.
-    """
-    H, _, S, Dh = keys.shape
-    lead = q.shape[:-2]
-    qh = q.reshape(-1, H, 2, Dh)  # (M, H, 2, Dh)
-    M = qh.shape[0]
-    q_hc = qh.permute(1, 2, 0, 3).reshape(H * 2, M, Dh)  # (H·2, M, Dh)
-    k_hc = keys.reshape(H * 2, S, Dh)
-    rank = torch.baddbmm(k_hc.pow(2).sum(-1).unsqueeze(1), q_hc, k_hc.transpose(1, 2), alpha=-2.0)  # (H·2, M, S)
-    with torch.no_grad():
-        sub_idx = rank.topk(topk, dim=-1, largest=False, sorted=False).indices  # (H·2, M, k)
-    d2 = (rank.gather(-1, sub_idx) + q_hc.pow(2).sum(-1, keepdim=True)).clamp_min(0.0)
-    sub_idx = sub_idx.view(H, 2, M, topk).permute(2, 0, 1, 3)  # (M, H, 2, k)
-    d2 = d2.view(H, 2, M, topk).permute(2, 0, 1, 3)
-    s = -torch.log(IDW_EPS + d2)
-    cand = (s[:, :, 0, :, None] + s[:, :, 1, None, :]).flatten(-2)  # (M, H, k·k)
-    top = cand.topk(topk, dim=-1)
-    a = sub_idx[:, :, 0].gather(-1, top.indices // topk)
-    b = sub_idx[:, :, 1].gather(-1, top.indices % topk)
-    idx = a * S + b  # (M, H, k)
-    w = torch.softmax(top.values, dim=-1)
-    return Lookup(idx.view(*lead, H, topk), w.view(*lead, H, topk)), SubKeys(qh, sub_idx, d2)
 
 
 class RankSum:
@@ -190,14 +174,15 @@ def data_parallel_reducer() -> RankSum | None:
     return None
 
 
-def addressing_step(sub: SubKeys, keys: Tensor, cfg: FwPKMConfig, ranks: RankSum | None = None) -> tuple[Tensor, Tensor]:
+def addressing_step(sub: SubKeys, keys: Tensor, rule: WriteRule, ranks: RankSum | None = None) -> tuple[Tensor, Tensor]:
     """Addressing loss of one chunk and its gradient w.r.t. the keys, in closed form.
 
     L = λ Σ_{h,m} −H(p̄^{h,m}),  p̄ = mean over the chunk's M tokens of softmax over each token's
     top-k sub-scores, H(p) = −Σ p log(p + 1e-8). With G_s = ∂L/∂p̄_s = λ(log(p̄_s + 1e-8) + p̄_s/(p̄_s + 1e-8)):
       ∂L/∂s_tj = p_tj (G_{s_tj} − Σ_l p_tl G_{s_tl}) / M,   ∂s/∂K = 2 (q − K) / (ε + d²),
     so ∂L/∂K_s = Σ_t c_ts q_t − (Σ_t c_ts) K_s with c = 2 ∂L/∂s / (ε + d²): one (S × M)·(M × Dh)
-    matmul per codebook, no per-pick copy of the keys.
+    matmul per codebook, no per-pick copy of the keys. Shapes come from `keys` (H, 2, S, Dh); of
+    the rule only λ = `rule.addr_weight` enters.
     Returns (loss (), grad (H, 2, S, Dh)); both stay differentiable in q and the keys.
     """
     H, _, S, Dh = keys.shape
@@ -211,8 +196,8 @@ def addressing_step(sub: SubKeys, keys: Tensor, cfg: FwPKMConfig, ranks: RankSum
         psum = ranks.sum(psum)
     pbar = psum / M_all
     logp = torch.log(pbar + ENTROPY_EPS)
-    loss = cfg.addr_weight * (pbar * logp).sum()  # = λ Σ −H(p̄)
-    G = cfg.addr_weight * (logp + pbar / (pbar + ENTROPY_EPS))  # (H·2·S,)
+    loss = rule.addr_weight * (pbar * logp).sum()  # = λ Σ −H(p̄)
+    G = rule.addr_weight * (logp + pbar / (pbar + ENTROPY_EPS))  # (H·2·S,)
     g_sel = G[flat]
     ds = p * (g_sel - (p * g_sel).sum(-1, keepdim=True)) / M_all  # (M, H, 2, k)
     coef = ds * (2.0 / (IDW_EPS + sub.d2))
@@ -295,27 +280,30 @@ class _OverlayValues:
                 self.table.index_add_(0, run.ids, run.delta.detach())
 
     def current(self) -> Tensor:
-        """The table as the next chunk reads it (an N-sized copy: tests and inspection only)."""
+        """The table as the next chunk reads it, differentiable through the writes (an N-sized
+        copy: tests and inspection only)."""
         out = self.table.detach().clone()
         for run in self.runs:
-            out.index_add_(0, run.ids, run.delta.detach())
+            out = out.index_add(0, run.ids, run.delta)
         return out
 
 
 class ChunkedOutput(NamedTuple):
     vhat: Tensor  # (B, T, Dv) read-outs, each from the state before its chunk's write
     lookup: Lookup  # (B, T, H, ...) addressing of every token
-    keys: Tensor  # (H, 2, S, Dh) key state after the last write
     addr_loss: Tensor  # (chunks,) addressing loss of each chunk, pre-write (empty without writes)
-    value_update_sq: Tensor  # () Σ over chunks of ‖ΔV‖²_F (write magnitude, detached)
+    value_update_norm: Tensor  # () √(Σ over chunks of ‖ΔV‖²_F), detached (0 without writes)
+    key_update_norm: Tensor  # () ‖K_after − K_before‖_F over the call, detached (0 without writes)
 
 
 class ChunkRecord(NamedTuple):
-    """What `on_chunk` sees after chunk `index` has been read and (if writing) written."""
+    """What `on_chunk` sees after chunk `index` has been read and (if writing) written: the state
+    the next chunk reads, as copies. In training both carry the graph back to q, v, g of earlier
+    chunks (tests differentiate through them); detach them to keep them."""
 
     index: int
-    keys: Tensor  # state after the write (detached view for inspection)
-    values: Tensor
+    keys: Tensor  # (H, 2, S, Dh)
+    values: Tensor  # (N, Dv)
     addr_loss: Tensor | None
 
 
@@ -323,35 +311,37 @@ def fwpkm_chunked(
     q: Tensor,
     v: Tensor,
     g: Tensor,
-    keys: Tensor,
-    values: Tensor,
-    cfg: FwPKMConfig,
+    state: FastWeightState,
+    config: FwPKMConfig,
+    rule: WriteRule,
     *,
     write: bool = True,
-    write_mask: Tensor | None = None,
-    read_counts: Tensor | None = None,
     on_chunk: Callable[[ChunkRecord], None] | None = None,
     name: str = "fwpkm",
     ranks: RankSum | None = None,
 ) -> ChunkedOutput:
     """Core FwPKM math over one call: chunked reads, each followed by that chunk's write.
 
-    q (B, T, H·Dk), v (B, T, Dv) (already z-scored if the config says so), g (B, T) gates,
-    keys (H, 2, S, Dh), values (N, Dv). `values` is updated in place (committed, detached);
-    the returned keys are the new key state. With grad enabled, the reads of chunk c+1 are
-    differentiable functions of q, v, g of chunks ≤ c (training through the writes).
-    `write_mask` (N,) bool: False rows never change. `read_counts` (N,) int64 gets += reads.
+    q (B, T, H·Dk), v (B, T, Dv) (already z-scored if the config says so), g (B, T) gates.
+    `state` is changed in place, all of it the same way: `keys` and `values` get the writes,
+    detached, and `read_counts` += this call's reads; rows where `write_mask` is False never
+    change. Without a graph each chunk's write lands at once; with one (grad enabled and q, v or
+    g requiring grad) the reads of chunk c+1 are differentiable functions of q, v, g of chunks
+    ≤ c (training through the writes) and the writes land together when the call ends.
     `ranks`: sum the writes (and read counts) over data-parallel ranks (see `RankSum`).
+    Returns the read-outs, the addressing and the write statistics.
     """
     B, T, _ = q.shape
-    H, k, Dh = cfg.heads, cfg.topk, cfg.d_key // 2
+    H, k, Dh = config.heads, config.topk, config.d_key // 2
     qh = q.view(B, T, H, 2 * Dh)
     graph = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad or g.requires_grad)
-    store = _OverlayValues(values) if graph and write else _InPlaceValues(values)
-    if graph:
-        keys = keys.clone()  # the graph saves it; the caller updates its buffer in place afterwards (O(√N))
+    store = _OverlayValues(state.values) if graph and write else _InPlaceValues(state.values)
+    # With a graph the keys of the call are a copy that the graph saves (O(√N)), so `state.keys`
+    # can be updated in place at the end; without one they are `state.keys`, written per chunk.
+    keys = state.keys.clone() if graph else state.keys
+    keys_before = keys if graph or not write else keys.clone()
     # Without writes every token reads the same state: one pass over the whole call.
-    step = min(cfg.chunk, T) if write else T
+    step = min(rule.chunk, T) if write else T
     vhats, looks, addr_losses = [], [], []
     update_sq = q.new_zeros(())
     for ci, c0 in enumerate(range(0, T, step)):
@@ -372,12 +362,11 @@ def fwpkm_chunked(
             uidx = ranks.union(local)
             pick_row = torch.searchsorted(uidx, local)[inv]
             counts = ranks.sum(torch.zeros_like(uidx).index_add_(0, pick_row, torch.ones_like(inv)))
-        if read_counts is not None:
-            read_counts.index_add_(0, uidx, counts)
+        state.read_counts.index_add_(0, uidx, counts)
         addr = None
         if write:
             # Value target and validity: with look-ahead, y_t = v_{t+1} inside the chunk only.
-            if cfg.lookahead:
+            if rule.lookahead:
                 y = v[:, c0 + 1 : c1]
                 err = vhat[:, :-1] - y  # (B, L−1, Dv)
                 coef = g[:, c0 : c1 - 1, None, None] * look.weights[:, :-1]  # (B, L−1, H, k)
@@ -389,7 +378,7 @@ def fwpkm_chunked(
             # ΔV_i = −η·kH/N_i · ∂/∂V_i ½ Σ g‖v̂ − y‖², with v̂ = mean_h Σ_j w V[idx] so that
             # ∂/∂V_i = Σ over i's picks of g·w/H·(v̂ − y). The per-row factor is folded into the
             # (small) per-pick coefficients before the scatter.
-            row_scale = (-cfg.lr_values * k * H) / counts.clamp(min=1).to(coef.dtype)  # (U,)
+            row_scale = (-rule.lr_values * k * H) / counts.clamp(min=1).to(coef.dtype)  # (U,)
             coef = coef * (row_scale[pick_idx] / H)
             contrib = coef.unsqueeze(-1) * err[:, :, None, None, :]  # (B, L', H, k, Dv)
             delta = err.new_zeros(uidx.numel(), err.shape[-1]).index_add(
@@ -397,25 +386,31 @@ def fwpkm_chunked(
             )  # (U, Dv)
             if ranks is not None:
                 delta = ranks.sum(delta)
-            if write_mask is not None:
-                keep = write_mask[uidx]
-                if not bool(keep.all()):
-                    uidx, delta = uidx[keep], delta[keep]
-            addr, gk = addressing_step(sub, keys, cfg, ranks)
-            new_keys = keys - cfg.lr_keys * gk
+            keep = state.write_mask[uidx]
+            if not bool(keep.all()):
+                uidx, delta = uidx[keep], delta[keep]
+            addr, gk = addressing_step(sub, keys, rule, ranks)
+            new_keys = keys - rule.lr_keys * gk
             sq = delta.detach().pow(2).sum()
             _check_finite(sq, new_keys, name, ci)
             store.write(uidx, delta)
-            keys = new_keys
+            if graph:
+                keys = new_keys
+            else:
+                keys.copy_(new_keys)
             update_sq += sq
             addr_losses.append(addr.detach())
         if on_chunk is not None:
-            on_chunk(ChunkRecord(ci, keys.detach(), store.current(), addr))
+            on_chunk(ChunkRecord(ci, keys if graph else keys.clone(), store.current(), addr))
     store.commit()
+    with torch.no_grad():
+        if graph and write:
+            state.keys.copy_(keys)
+        key_norm = (keys.detach() - keys_before).norm() if write else q.new_zeros(())
     vhat = torch.cat(vhats, dim=1)
     look = Lookup(*(torch.cat(parts, dim=1) for parts in zip(*looks)))
     addr_t = torch.stack(addr_losses) if addr_losses else q.new_zeros(0)
-    return ChunkedOutput(vhat, look, keys, addr_t, update_sq)
+    return ChunkedOutput(vhat, look, addr_t, update_sq.sqrt(), key_norm)
 
 
 def _check_finite(delta_sq: Tensor, new_keys: Tensor, name: str, chunk: int) -> None:
@@ -430,14 +425,19 @@ class FwPKM(nn.Module):
     """FwPKM residual sub-block: `h = h + FwPKM(h)`, placed before the token mixer.
 
     Slow weights (trained by the outer optimiser): RMSNorms and projections for q, v, g, o.
-    Fast weights (buffers, never in the optimiser): `keys`, `values`. Public slot knobs for
+    Fast state (buffers, never in the optimiser): `keys`, `values`, `read_counts`, `write_mask`,
+    together a `FastWeightState` (`snapshot()` / `restore()` / `reset()`). Public slot knobs for
     strategies: `write_mask` (N,) bool, `read_counts` (N,) int64 since `reset_read_counts()`,
-    `usage_stats()`, `reset_slots(ids)`, and `writes_enabled`.
+    `usage_stats()`, `reset_slots(ids)`, and `writes_enabled`. `config` (the architecture) is
+    fixed; `rule` (a `WriteRule`) may be replaced between calls and says how later calls write.
     """
 
-    def __init__(self, d_model: int, config: FwPKMConfig, name: str = "fwpkm"):
+    def __init__(self, d_model: int, config: FwPKMConfig, rule: WriteRule | None = None, name: str = "fwpkm"):
         super().__init__()
+        if rule is not None and not isinstance(rule, WriteRule):
+            raise TypeError(f"FwPKM {name}: rule must be a WriteRule, got {type(rule).__name__}")
         cfg = self.config = config
+        self.rule = rule if rule is not None else WriteRule()
         self.name = name
         self.writes_enabled = True
         Dq = cfg.d_key * cfg.heads
@@ -450,21 +450,38 @@ class FwPKM(nn.Module):
         state = init_state(cfg)
         self.register_buffer("keys", state.keys)
         self.register_buffer("values", state.values)
-        self.register_buffer("write_mask", torch.ones(cfg.num_slots, dtype=torch.bool))
-        self.register_buffer("read_counts", torch.zeros(cfg.num_slots, dtype=torch.long))
+        self.register_buffer("write_mask", state.write_mask)
+        self.register_buffer("read_counts", state.read_counts)
         self._stats: dict[str, Tensor] = {}
 
     # --- fast-weight state: explicit operations ---------------------------------------------
-    def snapshot(self) -> FastWeightState:
-        return FastWeightState(self.keys.detach().clone(), self.values.detach().clone())
+    def _state(self) -> FastWeightState:
+        """The live buffers (not copies)."""
+        return FastWeightState(self.keys, self.values, self.read_counts, self.write_mask)
 
-    def restore(self, snap: FastWeightState) -> None:
+    def snapshot(self) -> FastWeightState:
+        """A detached copy of the whole fast state."""
+        return FastWeightState(*(t.detach().clone() for t in self._state()))
+
+    def restore(self, state: FastWeightState) -> None:
+        """Put a snapshot back, all four parts, bit for bit."""
+        if not isinstance(state, FastWeightState):
+            raise TypeError(f"{self.name}.restore: expected a FastWeightState, got {type(state).__name__}")
+        for field, live, saved in zip(FastWeightState._fields, self._state(), state):
+            if live.shape != saved.shape:
+                raise ValueError(f"{self.name}.restore: {field} has shape {tuple(saved.shape)}, the layer {tuple(live.shape)}")
         with torch.no_grad():
-            self.keys.copy_(snap.keys)
-            self.values.copy_(snap.values)
+            for live, saved in zip(self._state(), state):
+                live.copy_(saved)
 
     def reset(self, generator: torch.Generator | None = None) -> None:
-        self.restore(init_state(self.config, generator, device=self.keys.device))
+        """Re-draw keys and values from the initialisation (`init_state`). Read counts and the
+        write mask are kept as they are: they are a strategy's bookkeeping and policy, not memory
+        content (`reset_read_counts()` clears the counts)."""
+        fresh = init_state(self.config, generator, device=self.keys.device)
+        with torch.no_grad():
+            self.keys.copy_(fresh.keys)
+            self.values.copy_(fresh.values)
 
     def reset_slots(self, slot_ids: Tensor, generator: torch.Generator | None = None) -> None:
         """Re-initialise the given value rows (keys are shared by many slots and stay)."""
@@ -500,8 +517,8 @@ class FwPKM(nn.Module):
     # --- forward -----------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, D) → residual update (B, T, D)."""
-        cfg = self.config
-        if cfg.persistence == "reset_per_call":
+        cfg, rule = self.config, self.rule
+        if rule.persistence == "reset_per_call":
             self.reset()
         dt = self.values.dtype  # memory math runs in the fast weights' dtype (float32 under autocast)
         q = self.proj_q(self.norm_q(x)).to(dt)
@@ -513,17 +530,18 @@ class FwPKM(nn.Module):
         else:
             g = torch.ones(x.shape[:2], dtype=dt, device=x.device)
         out = fwpkm_chunked(
-            q, v, g, self.keys, self.values, cfg,
-            write=self.writes_enabled, write_mask=self.write_mask, read_counts=self.read_counts, name=self.name,
-            ranks=data_parallel_reducer(),
+            q, v, g, self._state(), cfg, rule,
+            write=self.writes_enabled, name=self.name, ranks=data_parallel_reducer(),
         )
         # Kept as tensors (no device sync in the hot path); `last_stats` converts on demand.
-        self._stats = {"gate_mean": g.detach().mean(), "value_update_norm": out.value_update_sq.sqrt()}
+        self._stats = {"gate_mean": g.detach().mean(), "value_update_norm": out.value_update_norm}
         if self.writes_enabled:
-            with torch.no_grad():
-                self._stats["key_update_norm"] = (out.keys.detach() - self.keys).norm()
-                self._stats["addr_loss"] = out.addr_loss.mean()
-                self.keys.copy_(out.keys.detach())
+            self._stats["key_update_norm"] = out.key_update_norm
+            self._stats["addr_loss"] = out.addr_loss.mean()
         vhat = out.vhat
         o = g.unsqueeze(-1) * vhat + (1 - g).unsqueeze(-1) * v if cfg.gate else vhat
         return self.proj_o(self.norm_o(o.to(x.dtype)))
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"name={self.name}, slots={c.num_slots}, heads={c.heads}, topk={c.topk}, rule={self.rule}"

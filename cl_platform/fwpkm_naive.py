@@ -1,36 +1,41 @@
 """Loop-based FwPKM reference: obviously correct, slow, for tests only.
 
 Every token is addressed on its own with full sub-key scores over all S sub-keys; the writes are
-taken from autograd on the literal losses of FWPKM.md (memorisation loss for V, addressing loss
-for K) with `create_graph=True`, so gradients flow through the writes exactly as the spec says.
-It shares nothing with `fwpkm.py` except the config dataclass.
+taken from autograd on the literal losses of docs/fwpkm.md (memorisation loss for V, addressing
+loss for K) with `create_graph=True`, so gradients flow through the writes exactly as the spec
+says. It shares nothing with `fwpkm.py` except the config dataclasses and the state tuple.
+
+    ref = naive_fwpkm(q, v, g, init_state(config), config, WriteRule(chunk=16))
+    ref["vhat"], ref["states"][-1]          # read-outs; (keys, values) after the last write
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from cl_platform.fwpkm import ENTROPY_EPS, IDW_EPS, FwPKMConfig
+from cl_platform.fwpkm import ENTROPY_EPS, FastWeightState, FwPKMConfig, WriteRule
+from cl_platform.product_keys import IDW_EPS
 
 
 def naive_fwpkm(
     q: Tensor,
     v: Tensor,
     g: Tensor,
-    keys: Tensor,
-    values: Tensor,
+    state: FastWeightState,
     cfg: FwPKMConfig,
+    rule: WriteRule,
+    *,
     write: bool = True,
-    write_mask: Tensor | None = None,
 ) -> dict:
     """Same contract as `fwpkm.fwpkm_chunked` but returns everything in a dict:
     vhat (B, T, Dv), idx / weights (B, T, H, k), states [(keys, values) after each chunk],
-    addr_loss [per chunk]. keys/values are not modified."""
+    addr_loss [per chunk]. `state` is not modified (its read counts are not used)."""
     B, T, _ = q.shape
-    H, k, S, C = cfg.heads, cfg.topk, cfg.num_subkeys, cfg.chunk
+    H, k, S, C = cfg.heads, cfg.topk, cfg.num_subkeys, rule.chunk
     Dk, Dh = cfg.d_key, cfg.d_key // 2
-    keys = keys.detach().clone().requires_grad_(True)
-    values = values.detach().clone().requires_grad_(True)
+    keys = state.keys.detach().clone().requires_grad_(True)
+    values = state.values.detach().clone().requires_grad_(True)
+    write_mask = state.write_mask
     vhat = [[None] * T for _ in range(B)]
     idx_all = torch.zeros(B, T, H, k, dtype=torch.long)
     w_all = [[[None] * H for _ in range(T)] for _ in range(B)]
@@ -71,7 +76,7 @@ def naive_fwpkm(
         mem_loss = 0.0
         for b in range(B):
             for t in range(c0, c1):
-                if cfg.lookahead:
+                if rule.lookahead:
                     if t + 1 >= c1:
                         continue
                     y = v[b, t + 1]
@@ -82,9 +87,8 @@ def naive_fwpkm(
             (grad_v,) = torch.autograd.grad(mem_loss, values, create_graph=True)
         else:
             grad_v = torch.zeros_like(values)
-        delta_v = -cfg.lr_values * (k * H / counts.clamp(min=1))[:, None] * grad_v
-        if write_mask is not None:
-            delta_v = torch.where(write_mask[:, None], delta_v, torch.zeros_like(delta_v))
+        delta_v = -rule.lr_values * (k * H / counts.clamp(min=1))[:, None] * grad_v
+        delta_v = torch.where(write_mask[:, None], delta_v, torch.zeros_like(delta_v))
         addr = 0.0
         n_tok = B * (c1 - c0)
         for h in range(H):
@@ -98,9 +102,9 @@ def naive_fwpkm(
                         mask[topsub[b, t, h, m]] = 0.0
                         pbar = pbar + torch.softmax(s + mask, 0) / n_tok
                 entropy = -(pbar * torch.log(pbar + ENTROPY_EPS)).sum()
-                addr = addr - cfg.addr_weight * entropy
+                addr = addr - rule.addr_weight * entropy
         (grad_k,) = torch.autograd.grad(addr, keys, create_graph=True)
-        keys = keys - cfg.lr_keys * grad_k
+        keys = keys - rule.lr_keys * grad_k
         values = values + delta_v
         states.append((keys, values))
         addr_losses.append(addr)

@@ -1,22 +1,27 @@
 """The LightningModule around an FwPKM language model: how it learns, the strategy hooks, evaluation.
 
     module = LMModule(model, phase="fast", strategy=NaiveStrategy(), memory_policy=FrozenMemory())
+    module.begin_experience(ctx, label="exp 1/4 math")   # the strategy context and progress label
     trainer.fit(module, train_dataloaders=loader)        # one experience (see cl_platform.engine)
     trainer.validate(module, dataloaders=eval_loaders)   # module.last_eval = {domain: loss/token}
 
 Phases (what one training batch does):
-    pretrain  slow weights trained through the fast-weight writes (FWPKM.md, "Training the slow
-              weights through the writes"); no strategy.
+    pretrain  slow weights trained through the fast-weight writes (docs/fwpkm.md, "Training
+              through the writes"); no strategy.
     fast      the paper's continual-learning protocol: slow weights frozen, the forward runs
               without a graph and the FwPKM layers write in place. No optimiser exists, so
-              Lightning's `global_step` stays 0: progress is counted in `self.step`.
+              Lightning's `global_step` stays 0: progress is counted in `self.position`.
     finetune  as pretrain, plus the strategy's extra loss terms.
 
 Strategy hooks are called in the order documented in `cl_platform.strategy`; in fast mode
 `extra_losses` and `after_backward` are not called (no optimiser step). The loss terms a strategy
 returns are summed with the LM loss and each is reported under its own name in `last_losses`.
 Optimisation is manual (`automatic_optimization = False`) so that one step function covers all
-three phases and the learning rate is a function of `self.step`, which survives fresh Trainers.
+three phases and the learning rate is a function of the run step, which survives fresh Trainers.
+
+The run's position (`RunPosition`: step, segments of the current experience done, whether the
+experience has started) is one value the runner and the module share: the module advances it,
+the runner starts and ends experiences and checkpoints it with `state_dict`.
 
 Every training batch first reseeds torch's global generator from (seed, step): randomness in the
 model (pSWA draws, dropout) and in strategies is then a function of the position in the run,
@@ -30,7 +35,7 @@ evaluation, in Lightning's validation loop and in `evaluate` alike.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import lightning as L
@@ -40,12 +45,32 @@ from torch import Tensor
 
 from cl_platform.fwpkm import NonFiniteWriteError
 from cl_platform.memory_policy import EvalMemoryPolicy, FrozenMemory, MemorySession
-from cl_platform.model import FwPKMLM
+from cl_platform.model import IGNORE_INDEX, FwPKMLM
 from cl_platform.optim import MixedAdamW
 from cl_platform.strategy import Strategy, StrategyContext
 
 Phase = Literal["pretrain", "fast", "finetune"]
-IGNORE_INDEX = -100
+
+
+@dataclass
+class RunPosition:
+    """Where a run stands; what a checkpoint needs to continue the data exactly where it stopped."""
+
+    step: int = 0  # training batches so far in the whole run, across Trainers and resumes
+    segments_done: int = 0  # segments of the current experience trained on (data position)
+    started: bool = False  # the current experience's start hooks have run
+
+    def start_experience(self) -> None:
+        self.started, self.segments_done = True, 0
+
+    def end_experience(self) -> None:
+        self.started, self.segments_done = False, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.segments_done, self.started = int(state["step"]), int(state["segments_done"]), bool(state["started"])
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -93,6 +118,7 @@ class LMModule(L.LightningModule):
         memory_policy: EvalMemoryPolicy | None = None,
         seed: int = 0,
         eval_domains: list[str] | None = None,
+        position: RunPosition | None = None,
     ):
         super().__init__()
         if phase not in ("pretrain", "fast", "finetune"):
@@ -107,9 +133,8 @@ class LMModule(L.LightningModule):
         self.memory_policy = memory_policy if memory_policy is not None else FrozenMemory()
         self.seed = seed
         self.eval_domains = list(eval_domains or [])
-        self.step = 0  # training batches so far in the whole run, across Trainers and resumes
-        self.segments_done = 0  # segments of the current experience trained on (data position)
-        self.ctx: StrategyContext | None = None  # set by the runner for each experience
+        self.position = position if position is not None else RunPosition()
+        self.ctx: StrategyContext | None = None  # the current experience's, from begin_experience
         self.progress_label = phase  # shown by the progress bar
         self.last_losses: dict[str, float] = {}
         # The outer optimiser's state outlives each Trainer: one AdamW over the whole run.
@@ -122,11 +147,19 @@ class LMModule(L.LightningModule):
             # Fast mode: slow weights are frozen, so nothing can train them by accident.
             p.requires_grad_(phase != "fast")
 
+    def begin_experience(self, ctx: StrategyContext, label: str) -> None:
+        """The strategy context the next training batches see, and the progress bar's label."""
+        self.ctx, self.progress_label = ctx, label
+
+    def load_optimizer_state(self, state: dict[str, Any] | None) -> None:
+        """Optimiser state from a checkpoint; loaded into the next Trainer's optimiser."""
+        self.optimizer_state = state
+
     # --- optimisation -----------------------------------------------------------------------
     def configure_optimizers(self):
         if self.phase == "fast":
             return None
-        return MixedAdamW(self.model.optimizer_groups(self.optim.weight_decay, self.optim.lr_at(self.step)))
+        return MixedAdamW(self.model.optimizer_groups(self.optim.weight_decay, self.optim.lr_at(self.position.step)))
 
     def on_train_start(self) -> None:
         if self.phase != "fast" and self.optimizer_state is not None:
@@ -137,11 +170,12 @@ class LMModule(L.LightningModule):
             self.optimizer_state = self.trainer.optimizers[0].state_dict()
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        torch.manual_seed(step_seed(self.seed, self.step))
+        pos = self.position
+        torch.manual_seed(step_seed(self.seed, pos.step))
         ctx = self.ctx
         use_strategy = self.phase != "pretrain" and ctx is not None
         if use_strategy:
-            ctx.global_step = self.step
+            ctx.global_step = pos.step
             batch = self.strategy.transform_batch(batch, ctx)
         x, y = batch["input_ids"], batch["targets"]  # (B, T)
         try:
@@ -150,10 +184,10 @@ class LMModule(L.LightningModule):
             else:
                 stats = self._gradient_step(batch, x, y, ctx if use_strategy else None)
         except NonFiniteWriteError as err:
-            raise NonFiniteLossError(f"step {self.step + 1}: {err}", self.step + 1) from None
+            raise NonFiniteLossError(f"step {pos.step + 1}: {err}", pos.step + 1) from None
         world = self.trainer.world_size if self._trainer is not None else 1
-        self.step += 1
-        self.segments_done += x.shape[0] * world
+        pos.step += 1
+        pos.segments_done += x.shape[0] * world
         self.last_losses = stats
         self.log("loss", stats["lm"], prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=x.shape[0])
 
@@ -168,7 +202,7 @@ class LMModule(L.LightningModule):
 
     def _gradient_step(self, batch: Any, x: Tensor, y: Tensor, ctx: StrategyContext | None) -> dict[str, float]:
         opt = self.optimizers()
-        lr = self.optim.lr_at(self.step)
+        lr = self.optim.lr_at(self.position.step)
         for group in opt.param_groups:
             group["lr"] = lr
         self.model.train()
@@ -205,7 +239,8 @@ class LMModule(L.LightningModule):
         bad = {name: float(v.detach()) for name, v in losses.items() if not bool(torch.isfinite(v.detach()).all())}
         if bad:
             where = f" (experience {self.ctx.experience}: {self.ctx.domain})" if self.ctx is not None else ""
-            raise NonFiniteLossError(f"non-finite loss at step {self.step + 1}{where}: {bad}", self.step + 1)
+            step = self.position.step + 1
+            raise NonFiniteLossError(f"non-finite loss at step {step}{where}: {bad}", step)
 
     # --- evaluation ---------------------------------------------------------------------------
     def token_loss_sum(self, batch: dict[str, Tensor]) -> tuple[float, int]:
@@ -239,7 +274,7 @@ class LMModule(L.LightningModule):
             # For callbacks that read trainer.callback_metrics (e.g. an Optuna pruner); the
             # runner logs to TensorBoard itself, at its own step.
             self.log(f"eval/{name}/loss", value, logger=False, add_dataloader_idx=False)
-        self.log("eval/mean_loss", _mean(self.last_eval.values()), logger=False, add_dataloader_idx=False)
+        self.log("eval/mean_loss", mean_loss(self.last_eval.values()), logger=False, add_dataloader_idx=False)
 
     def on_validation_end(self) -> None:
         if self._session is not None:
@@ -278,6 +313,7 @@ class LMModule(L.LightningModule):
         return stats
 
 
-def _mean(values) -> float:
+def mean_loss(values) -> float:
+    """Mean over domains of the measured (non-NaN) losses; NaN when none was measured."""
     values = [v for v in values if not math.isnan(v)]
     return sum(values) / len(values) if values else math.nan

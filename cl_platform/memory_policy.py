@@ -1,14 +1,14 @@
 """What evaluation does to the fast-weight memory: an explicit, named policy recorded with results.
 
 Evaluation that silently keeps (or silently resets) test-time memory makes results incomparable
-(ARCHITECTURE.md, anti-patterns), so every evaluation goes through one of these:
+(docs/architecture.md, anti-patterns), so every evaluation goes through one of these:
 
-    frozen  writes disabled while reading every domain's eval split; the memory (keys, values)
-            and the read counts are restored afterwards. Evaluation never changes the model.
-            The FwPKM paper's continual-learning protocol; the default.
+    frozen  writes disabled while reading every domain's eval split; the whole fast state (keys,
+            values, read counts, write mask) is restored afterwards. Evaluation never changes
+            the model. The FwPKM paper's continual-learning protocol; the default.
     stream  each domain's eval split is read in order with writes on (test-time training, the
             paper's stream-perplexity protocol), starting from the memory as it was before the
-            evaluation; everything is restored after each domain and at the end, so domains do
+            evaluation; everything is restored before each domain and at the end, so domains do
             not see each other's writes and training never sees evaluation's.
 
     session = get_memory_policy("frozen").open(model)   # snapshot
@@ -20,37 +20,30 @@ Evaluation that silently keeps (or silently resets) test-time memory makes resul
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 
 
 class MemorySession:
-    """One evaluation under a policy: snapshot on open, restore on close."""
+    """One evaluation under a policy: snapshot on open (`model.snapshot_memory()` and each FwPKM
+    layer's `writes_enabled`), restore on close. `model` is a `cl_platform.model.FwPKMLM` (or
+    anything with its `fwpkm_layers()`, `snapshot_memory()` and `restore_memory()`)."""
 
     def __init__(self, model: nn.Module, writes: bool):
-        self.layers = list(model.fwpkm_layers())
+        self.model = model
         self.writes = writes
-        self._saved: list[tuple[bool, Tensor, Tensor, Tensor]] = [
-            (layer.writes_enabled, layer.keys.detach().clone(), layer.values.detach().clone(),
-             layer.read_counts.detach().clone())
-            for layer in self.layers
-        ]
-        for layer in self.layers:
+        self._memory = model.snapshot_memory()
+        self._writes_enabled = [layer.writes_enabled for layer in model.fwpkm_layers()]
+        for layer in model.fwpkm_layers():
             layer.writes_enabled = writes
-
-    def _restore_memory(self) -> None:
-        for layer, (_, keys, values, counts) in zip(self.layers, self._saved):
-            layer.keys.copy_(keys)
-            layer.values.copy_(values)
-            layer.read_counts.copy_(counts)
 
     def start_domain(self) -> None:
         """Before the first batch of each domain: with writes on, start from the saved memory."""
         if self.writes:
-            self._restore_memory()
+            self.model.restore_memory(self._memory)
 
     def close(self) -> None:
-        self._restore_memory()
-        for layer, (enabled, *_) in zip(self.layers, self._saved):
+        self.model.restore_memory(self._memory)
+        for layer, enabled in zip(self.model.fwpkm_layers(), self._writes_enabled):
             layer.writes_enabled = enabled
 
 

@@ -1,6 +1,11 @@
 """Decoder-only language model with fast-weight (FwPKM) and static (PKM) product-key memories.
 
-Block l (design/FWPKM.md, "Model around it"):
+    config = dataclasses.replace(ModelConfig.from_preset("small"), vocab_size=tokenizer.vocab_size)
+    model = FwPKMLM(config, rule=WriteRule(chunk=128))    # every FwPKM layer writes by this rule
+    logits, loss = model(idx, targets)                    # targets use IGNORE_INDEX for padding
+    model.set_write_rules(WriteRule(lr_values=0.5), {"fwpkm3": WriteRule(lr_values=0.1)})
+
+Block l (docs/fwpkm.md, "The model around it"):
 
     h = h + FwPKM(h)                     only if l in fwpkm_layers, before the token mixer
     h = h + Attention(RMSNorm(h))        causal, RoPE, sliding window or full
@@ -8,41 +13,48 @@ Block l (design/FWPKM.md, "Model around it"):
 
 then a final RMSNorm and logits through the tied embedding. The paper's backbone is Gated DeltaNet
 (GDN) or GDN+SWA; this platform uses softmax attention only: sliding-window (`mixer="swa"`,
-window = FwPKM chunk by default) or full attention trained as sliding-window with probability
-`pswa_prob` ("pSWA", `mixer="full"`), so that the model does not learn to ignore the memory.
+`window` tokens) or full attention trained as sliding-window with probability `pswa_prob`
+("pSWA", `mixer="full"`), so that the model does not learn to ignore the memory.
+
+`ModelConfig` is the architecture only. How the FwPKM layers write (`WriteRule`: learning rates,
+chunk, look-ahead, persistence) is a setting of the phase, given to the model and changeable
+between phases (`set_write_rules`).
 
 Shape letters: B batch, T time, V vocabulary, d model width, nh attention heads, hd head width.
 """
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cl_platform.fwpkm import FwPKM, FwPKMConfig
+from cl_platform.check import ConfigError, check, is_int, is_number
+from cl_platform.fwpkm import FastWeightState, FwPKM, FwPKMConfig, WriteRule
 from cl_platform.norm import RMSNorm
 from cl_platform.pkm import PKM, PKMConfig
 
 Mixer = Literal["swa", "full"]
 
+IGNORE_INDEX = -100  # target id the loss skips (padding); F.cross_entropy's default
+
 
 @dataclass
 class ModelConfig:
-    """The language model. Field defaults are the `small` (CPU) preset; `ModelConfig.preset`
-    gives the others."""
+    """The language model's architecture. Field defaults are the `small` (CPU) preset;
+    `ModelConfig.from_preset` gives the others."""
 
-    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64; set it from the tokenizer
+    preset: str = "small"  # the name in PRESETS the defaults came from
+    vocab_size: int | None = None  # None until set from the tokenizer
     n_layer: int = 4
     d_model: int = 256
     n_head: int = 4
     mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio · d_model
     mixer: Mixer = "swa"
-    window: int | None = None  # attention window in tokens, self included; None: fwpkm.chunk
+    window: int = 128  # attention window in tokens, self included (paper 512)
     pswa_prob: float = 0.9  # mixer="full" only: probability a layer trains as sliding-window
     fwpkm_layers: list[int] = field(default_factory=lambda: [1, 3])
     fwpkm: FwPKMConfig = field(default_factory=FwPKMConfig)
@@ -52,87 +64,49 @@ class ModelConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        # YAML / command-line configs arrive as plain dicts
-        if isinstance(self.fwpkm, dict):
-            self.fwpkm = FwPKMConfig(**self.fwpkm)
-        if isinstance(self.pkm, dict):
-            self.pkm = PKMConfig(**self.pkm)
-        for name in ("vocab_size", "n_layer", "d_model", "n_head"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.n_head:
-            raise ValueError(
-                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
-        if (self.d_model // self.n_head) % 2:
-            raise ValueError(
-                f"ModelConfig.d_model / n_head = {self.d_model // self.n_head} must be even (RoPE "
-                f"rotates pairs of features)"
-            )
-        if self.mixer not in get_args(Mixer):
-            raise ValueError(f"ModelConfig.mixer must be one of {get_args(Mixer)}, got {self.mixer!r}")
-        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
-            raise ValueError(f"ModelConfig.window must be a positive int or None, got {self.window!r}")
-        if not 0.0 <= self.pswa_prob <= 1.0:
-            raise ValueError(f"ModelConfig.pswa_prob must be in [0, 1], got {self.pswa_prob}")
-        if not self.mlp_ratio > 0:
-            raise ValueError(f"ModelConfig.mlp_ratio must be > 0, got {self.mlp_ratio}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
-        if not isinstance(self.fwpkm, FwPKMConfig):
-            raise ValueError(f"ModelConfig.fwpkm must be a FwPKMConfig, got {type(self.fwpkm).__name__}")
-        if not isinstance(self.pkm, PKMConfig):
-            raise ValueError(f"ModelConfig.pkm must be a PKMConfig, got {type(self.pkm).__name__}")
+        check(self.preset in PRESETS, self, "preset", f"must be one of {sorted(PRESETS)}")
+        check(self.vocab_size is None or is_int(self.vocab_size, 1), self, "vocab_size",
+              "must be a positive int (or None until the tokenizer sets it)")
+        for name in ("n_layer", "d_model", "n_head"):
+            check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
+        check(self.d_model % self.n_head == 0, self, "d_model", f"must be divisible by n_head={self.n_head}")
+        check((self.d_model // self.n_head) % 2 == 0, self, "d_model",
+              f"d_model / n_head = {self.d_model // self.n_head} must be even (RoPE rotates pairs of features)")
+        check(is_number(self.mlp_ratio, 0, strict=True), self, "mlp_ratio", "must be a number > 0")
+        check(self.mixer in get_args(Mixer), self, "mixer", f"must be one of {get_args(Mixer)}")
+        check(is_int(self.window, 1), self, "window", "must be a positive int")
+        check(is_number(self.pswa_prob, 0) and self.pswa_prob <= 1, self, "pswa_prob", "must be in [0, 1]")
+        check(is_number(self.dropout, 0) and self.dropout < 1, self, "dropout", "must be in [0, 1)")
+        check(is_number(self.rope_base, 0, strict=True), self, "rope_base", "must be a number > 0")
+        check(isinstance(self.fwpkm, FwPKMConfig), self, "fwpkm", "must be a FwPKMConfig")
+        check(isinstance(self.pkm, PKMConfig), self, "pkm", "must be a PKMConfig")
         for name in ("fwpkm_layers", "pkm_layers"):
             layers = getattr(self, name)
-            if not isinstance(layers, (list, tuple)) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in layers
-            ):
-                raise ValueError(f"ModelConfig.{name} must be a list of ints, got {layers!r}")
+            check(isinstance(layers, (list, tuple)) and all(is_int(i) for i in layers), self, name,
+                  "must be a list of ints")
             bad = [i for i in layers if not 0 <= i < self.n_layer]
-            if bad:
-                raise ValueError(
-                    f"ModelConfig.{name}: layer index {bad[0]} out of range; allowed 0..{self.n_layer - 1} "
-                    f"(n_layer={self.n_layer})"
-                )
-            if len(set(layers)) != len(layers):
-                raise ValueError(f"ModelConfig.{name} has a repeated layer index: {layers}")
+            check(not bad, self, name, f"layer index {bad[0] if bad else None} out of range; allowed 0..{self.n_layer - 1}")
+            check(len(set(layers)) == len(layers), self, name, "has a repeated layer index")
+        # The design places the episodic (FwPKM) and semantic (PKM) memories in different
+        # layers; one layer holding both is an experiment nobody has asked for yet.
         both = sorted(set(self.fwpkm_layers) & set(self.pkm_layers))
-        if both:
-            # The design places the episodic (FwPKM) and semantic (PKM) memories in different
-            # layers; one layer holding both is an experiment nobody has asked for yet.
-            raise ValueError(
-                f"ModelConfig.fwpkm_layers and pkm_layers overlap at layer(s) {both}; a layer holds "
-                f"at most one memory"
-            )
-
-    @property
-    def attn_window(self) -> int:
-        """Sliding-window length actually used (the field, or the FwPKM chunk when None)."""
-        return self.window if self.window is not None else self.fwpkm.chunk
+        check(not both, self, "pkm_layers", f"overlaps fwpkm_layers at layer(s) {both}; a layer holds at most one memory")
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
-        """A named configuration with field overrides; `fwpkm` / `pkm` may be given as dicts of
-        the fields to change in the preset's memory config.
+    def from_preset(cls, name: str) -> "ModelConfig":
+        """The named preset's configuration, with `preset=name`.
 
-        small:     4 × 256, SWA, FwPKM at 1 and 3 (S=128, d_k=d_v=128, top-8, chunk 128);
-        paper:     12 × 768, FwPKM at 2, 6, 10 (S=512, d_k=d_v=512, top-8, chunk 512), SWA window 512;
+        small:     4 × 256, SWA window 128, FwPKM at 1 and 3 (S=128, d_k=d_v=128, top-8);
+        paper:     12 × 768, SWA window 512, FwPKM at 2, 6, 10 (S=512, d_k=d_v=512, top-8);
         paper_pkm: as paper with FwPKM at 2, 10 and a static PKM at 6 (S=512, 4 heads × top-32,
                    d_k=512, d_v=768), the paper's best combination.
+        The paper also writes every 512 tokens; that chunk is part of the write rule, not of the
+        architecture, so it is set with the phase (`pretrain.fwpkm.chunk: 512`), not here.
         """
         if name not in PRESETS:
-            raise ValueError(f"ModelConfig.preset: unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-        values = PRESETS[name]()
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"ModelConfig.preset: unknown field(s) {unknown}; fields are {sorted(known)}")
-        for key, default in (("fwpkm", FwPKMConfig), ("pkm", PKMConfig)):
-            if isinstance(overrides.get(key), dict):
-                overrides[key] = dataclasses.replace(values.get(key, default()), **overrides[key])
-        return cls(**{**values, **overrides})
+            raise ConfigError(f"ModelConfig.from_preset: unknown preset {name!r}; valid presets are {sorted(PRESETS)}",
+                              field="preset", value=name, why=f"must be one of {sorted(PRESETS)}", owner="ModelConfig")
+        return cls(preset=name, **PRESETS[name]())
 
 
 def _paper() -> dict:
@@ -140,15 +114,17 @@ def _paper() -> dict:
         n_layer=12,
         d_model=768,
         n_head=12,
+        window=512,
         fwpkm_layers=[2, 6, 10],
-        fwpkm=FwPKMConfig(num_subkeys=512, d_key=512, d_value=512, chunk=512),
+        fwpkm=FwPKMConfig(num_subkeys=512, d_key=512, d_value=512),
         pkm=PKMConfig(num_subkeys=512, d_key=512, d_value=768),
     )
 
 
+# name -> the ModelConfig fields that differ from the defaults
 PRESETS = {
     "small": dict,  # the field defaults
-    "paper": _paper,  # design/FWPKM.md Defaults, FwPKM at 2, 6, 10
+    "paper": _paper,  # docs/fwpkm.md Defaults, FwPKM at 2, 6, 10
     "paper_pkm": lambda: {**_paper(), "fwpkm_layers": [2, 10], "pkm_layers": [6]},  # the best combination
 }
 
@@ -183,7 +159,7 @@ class Attention(nn.Module):
         self.n_head = config.n_head
         self.head_dim = config.d_model // config.n_head
         self.mixer = config.mixer
-        self.window = config.attn_window
+        self.window = config.window
         self.pswa_prob = config.pswa_prob
         self.rope_base = config.rope_base
         self.dropout = config.dropout
@@ -226,11 +202,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, layer: int, rule: WriteRule | None = None):
         super().__init__()
         d = config.d_model
         has_fwpkm = layer in config.fwpkm_layers
-        self.fwpkm = FwPKM(d, config.fwpkm, name=f"fwpkm{layer}") if has_fwpkm else None
+        self.fwpkm = FwPKM(d, config.fwpkm, rule, name=f"fwpkm{layer}") if has_fwpkm else None
         self.attn_norm = RMSNorm(d)
         self.attn = Attention(config)
         has_pkm = layer in config.pkm_layers
@@ -245,12 +221,18 @@ class Block(nn.Module):
 
 
 class FwPKMLM(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """The language model. `config` is its architecture; `rule` is how every FwPKM layer writes
+    (default `WriteRule()`), replaceable later with `set_write_rules`."""
+
+    def __init__(self, config: ModelConfig, rule: WriteRule | None = None):
         super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("FwPKMLM: config.vocab_size is None; set it from the tokenizer first, e.g. "
+                             "dataclasses.replace(config, vocab_size=tokenizer.vocab_size)")
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, layer, rule) for layer in range(config.n_layer))
         self.norm_f = RMSNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
@@ -273,7 +255,7 @@ class FwPKMLM(nn.Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """idx (B, T) long -> logits (B, T, V), or (logits, mean token cross-entropy) with targets
-        (B, T) (ignore_index -100 for padding)."""
+        (B, T) (IGNORE_INDEX for padding)."""
         if idx.dim() != 2:
             raise ValueError(f"FwPKMLM.forward: idx must be (B, T), got shape {tuple(idx.shape)}")
         h = self.drop(self.wte(idx))  # (B, T, d)
@@ -283,18 +265,19 @@ class FwPKMLM(nn.Module):
         if targets is None:
             return logits
         loss = F.cross_entropy(
-            logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
         )
         return logits, loss
 
     def fwpkm_layers(self) -> list[FwPKM]:
         return [block.fwpkm for block in self.blocks if block.fwpkm is not None]
 
-    def snapshot_memory(self) -> list[Any]:
-        """One snapshot per FwPKM layer, in layer order."""
+    def snapshot_memory(self) -> list[FastWeightState]:
+        """A copy of every FwPKM layer's whole fast state, in layer order."""
         return [layer.snapshot() for layer in self.fwpkm_layers()]
 
-    def restore_memory(self, snap: list[Any]) -> None:
+    def restore_memory(self, snap: list[FastWeightState]) -> None:
+        """Put a `snapshot_memory()` back, bit for bit."""
         layers = self.fwpkm_layers()
         if len(snap) != len(layers):
             raise ValueError(f"restore_memory: snapshot has {len(snap)} layers, model has {len(layers)}")
@@ -308,6 +291,24 @@ class FwPKMLM(nn.Module):
     def set_writes(self, enabled: bool) -> None:
         for layer in self.fwpkm_layers():
             layer.writes_enabled = enabled
+
+    def write_rules(self) -> dict[str, WriteRule]:
+        """Each FwPKM layer's write rule, by layer name (`fwpkm<index>`), in layer order."""
+        return {layer.name: layer.rule for layer in self.fwpkm_layers()}
+
+    def set_write_rules(self, default: WriteRule, by_layer: dict[str, WriteRule] | None = None) -> None:
+        """Every FwPKM layer writes by `default`, except those named in `by_layer`
+        (`{"fwpkm3": WriteRule(...)}`). Nothing changes if a name or a rule is invalid."""
+        by_layer = dict(by_layer or {})
+        names = [layer.name for layer in self.fwpkm_layers()]
+        unknown = sorted(set(by_layer) - set(names))
+        if unknown:
+            raise ValueError(f"set_write_rules: unknown FwPKM layer(s) {unknown}; the model's are {names}")
+        for where, rule in [("default", default), *by_layer.items()]:
+            if not isinstance(rule, WriteRule):
+                raise TypeError(f"set_write_rules: the rule for {where} must be a WriteRule, got {type(rule).__name__}")
+        for layer in self.fwpkm_layers():
+            layer.rule = by_layer.get(layer.name, default)
 
     def optimizer_groups(self, weight_decay: float, lr: float) -> list[dict]:
         """Param groups for `cl_platform.optim.MixedAdamW`.

@@ -1,11 +1,14 @@
 """Static product-key memory (PKM): semantic memory with trainable keys and values.
 
-Same product-key lookup as the FwPKM layer (see design/FWPKM.md, "Forward (read)", step 4), but
-keys and values are ordinary parameters trained by the language-model loss, there are several
-heads and a larger top-k. It replaces the MLP of a block (Lample et al. 2019, "Large Memory Layers
-with Product Keys"). The value table is an `nn.EmbeddingBag` with `sparse=True`, so one step only
-touches the rows that were read; train it with `cl_platform.optim.MixedAdamW` (AdamW cannot take
-sparse gradients).
+    pkm = PKM(d_model=256, config=PKMConfig(heads=4, topk=32))
+    h = h + pkm(h)                       # in place of the block's MLP
+
+The FwPKM layer's product-key lookup (`cl_platform.product_keys`, docs/fwpkm.md, "Read", step
+4), but keys and values are ordinary parameters trained by the language-model loss, there are
+several heads and a larger top-k. It replaces the MLP of a block (Lample et al. 2019, "Large
+Memory Layers with Product Keys"). The value table is an `nn.EmbeddingBag` with `sparse=True`, so
+one step only touches the rows that were read; train it with `cl_platform.optim.MixedAdamW`
+(AdamW cannot take sparse gradients).
 
 Shape letters:
     B batch, T time, H heads, S sub-keys per codebook, N = S² slots, k top-k,
@@ -14,17 +17,15 @@ Shape letters:
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cl_platform.check import check, is_int
 from cl_platform.norm import RMSNorm
-
-Score = Literal["dot", "idw"]
-
-IDW_EPS = 1e-3  # ε in s = −log(ε + ‖q − K‖²), as in the FwPKM layer
+from cl_platform.product_keys import IDW_EPS, Lookup, Score, product_key_lookup
 
 
 @dataclass
@@ -42,17 +43,10 @@ class PKMConfig:
 
     def __post_init__(self):
         for name in ("num_subkeys", "d_key", "d_value", "heads", "topk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"PKMConfig.{name} must be a positive int, got {value!r}")
-        if self.d_key % 2:
-            raise ValueError(f"PKMConfig.d_key must be even (two codebook halves), got {self.d_key}")
-        if self.topk > self.num_subkeys:
-            raise ValueError(
-                f"PKMConfig.topk must be <= num_subkeys ({self.num_subkeys}), got {self.topk}"
-            )
-        if self.score not in get_args(Score):
-            raise ValueError(f"PKMConfig.score must be one of {get_args(Score)}, got {self.score!r}")
+            check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
+        check(self.d_key % 2 == 0, self, "d_key", "must be even (two codebook halves)")
+        check(self.topk <= self.num_subkeys, self, "topk", f"must be <= num_subkeys={self.num_subkeys}")
+        check(self.score in get_args(Score), self, "score", f"must be one of {get_args(Score)}")
 
     @property
     def num_slots(self) -> int:
@@ -91,34 +85,18 @@ class PKM(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
         c = self.config
-        q = self.query(self.norm(x)).view(B, T, c.heads, 2, c.d_key // 2)  # (B, T, H, 2, d_k/2)
-        scores, idx = self.lookup(q)  # (B, T, H, k) each
-        w = scores.softmax(dim=-1)  # (B, T, H, k)
-        flat_idx = idx.reshape(B * T, c.heads * c.topk)  # (B·T, H·k)
-        flat_w = w.reshape(B * T, c.heads * c.topk).to(self.values.weight.dtype)
+        q = self.query(self.norm(x)).view(B, T, c.heads, c.d_key)  # (B, T, H, d_k)
+        look = self.lookup(q)  # (B, T, H, k) each
+        flat_idx = look.idx.reshape(B * T, c.heads * c.topk)  # (B·T, H·k)
+        flat_w = look.weights.reshape(B * T, c.heads * c.topk).to(self.values.weight.dtype)
         read = self.values(flat_idx, per_sample_weights=flat_w)  # (B·T, d_v), summed over heads
         return self.out_proj(read.view(B, T, c.d_value).to(x.dtype))
 
-    def lookup(self, q: Tensor) -> tuple[Tensor, Tensor]:
-        """Product-key top-k. q (B, T, H, 2, d_k/2) -> scores, slot indices, each (B, T, H, k)."""
-        c = self.config
-        k, S = c.topk, c.num_subkeys
-        keys = self.keys.to(q.dtype)
-        qk = torch.einsum("bthcd,hcsd->bthcs", q, keys)  # (B, T, H, 2, S)
-        if c.score == "dot":
-            sub_scores, sub_idx = qk.topk(k, dim=-1)  # (B, T, H, 2, k)
-        else:
-            # −log is decreasing, so the top-k scores are the k smallest squared distances: rank
-            # on distances and take the log of the k winners only, not of all S.
-            dist = q.pow(2).sum(-1, keepdim=True) - 2 * qk + keys.pow(2).sum(-1)  # (B, T, H, 2, S)
-            near, sub_idx = dist.clamp_min(0).topk(k, dim=-1, largest=False)  # (B, T, H, 2, k)
-            sub_scores = -torch.log(IDW_EPS + near)
-        s1, s2 = sub_scores.unbind(dim=-2)  # (B, T, H, k) each
-        i1, i2 = sub_idx.unbind(dim=-2)
-        cand_scores = (s1.unsqueeze(-1) + s2.unsqueeze(-2)).flatten(-2)  # (B, T, H, k·k)
-        cand_idx = (i1.unsqueeze(-1) * S + i2.unsqueeze(-2)).flatten(-2)  # (B, T, H, k·k)
-        scores, best = cand_scores.topk(k, dim=-1)  # (B, T, H, k)
-        return scores, cand_idx.gather(-1, best)
+    def lookup(self, q: Tensor) -> Lookup:
+        """Product-key top-k with this module's keys and score. q (B, T, H, d_k) -> slot ids and
+        softmax weights, each (B, T, H, k), best first."""
+        look, _ = product_key_lookup(q, self.keys.to(q.dtype), self.config.topk, self.config.score)
+        return look
 
     def extra_repr(self) -> str:
         c = self.config

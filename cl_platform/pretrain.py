@@ -24,7 +24,6 @@ distribution of the pretraining tokens — what a model that ignores context wou
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -33,17 +32,16 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from cl_platform.atomic import atomic_write_text
+from cl_platform.atomic import atomic_write_json
 from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import load_checkpoint, save_checkpoint
-from cl_platform.engine import RunStopped, make_trainer, quiet_lightning, subset_loaders
-from cl_platform.lm_module import IGNORE_INDEX, LMModule, NonFiniteLossError, OptimSettings
-from cl_platform.model import FwPKMLM
-from cl_platform.run_config import PretrainConfig
+from cl_platform.config import PretrainConfig
+from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, mean_loss
+from cl_platform.model import IGNORE_INDEX, FwPKMLM
+from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders
 
 BASE = "base.ckpt"
 PROGRESS = "last.ckpt"
@@ -70,24 +68,6 @@ def unigram_losses(train_loader: DataLoader, eval_loaders: dict[str, DataLoader]
     return out
 
 
-class _PretrainHooks(Checkpoint):
-    """Every step: the loss curve; every `eval_every` steps: evaluation; checkpoints when due."""
-
-    def __init__(self, runner: "Pretrainer"):
-        self.runner = runner
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.runner.trainer = trainer
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        runner, cfg, step = self.runner, self.runner.config, pl_module.step
-        runner.record["loss_curve"].append([step, pl_module.last_losses["lm"]])
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            runner.eval_point()
-        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
-            runner.save_progress()
-
-
 class Pretrainer:
     def __init__(
         self,
@@ -111,9 +91,11 @@ class Pretrainer:
         optim = OptimSettings(lr=config.lr, weight_decay=config.weight_decay, grad_clip=config.grad_clip,
                               warmup_steps=config.warmup_steps, decay_steps=config.steps,
                               min_lr_ratio=config.min_lr_ratio)
+        # The memory writes by the pretraining rule, whatever rule the model was built with.
+        model.set_write_rules(config.fwpkm)
         self.module = LMModule(model, phase="pretrain", optim=optim, seed=config.seed,
                                eval_domains=list(eval_loaders))
-        self.module.progress_label = "pretrain"
+        self.position = self.module.position
         self.logger = TensorBoardLogger(save_dir=str(self.out_dir), name="", version="tensorboard",
                                         default_hp_metric=False)
         self.trainer: L.Trainer | None = None
@@ -121,6 +103,7 @@ class Pretrainer:
             "key": key,
             "config": dataclasses.asdict(config),
             "model_config": dataclasses.asdict(model.config),
+            "write_rule": dataclasses.asdict(config.fwpkm),
             "loss_curve": [],
             "eval_curve": {name: [] for name in eval_loaders},
             "seconds": 0.0,
@@ -138,19 +121,20 @@ class Pretrainer:
         if progress.is_file():
             self._restore(progress)
             seconds_before = self.record["seconds"]
-            mark_restart(self.logger, self.module.step)
-            print(f"pretraining: continuing from step {self.module.step} ({progress})", flush=True)
+            mark_restart(self.logger, self.position.step)
+            print(f"pretraining: continuing from step {self.position.step} ({progress})", flush=True)
         else:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             train_once = DataLoader(self._dataset(), batch_size=64)
             self.record["unigram"] = unigram_losses(train_once, self.eval_loaders, self.module.model.config.vocab_size)
-            self.record["unigram_mean"] = _mean(self.record["unigram"].values())
+            self.record["unigram_mean"] = mean_loss(self.record["unigram"].values())
             log_scalars(self.logger, {f"pretrain/unigram/{d}": v for d, v in self.record["unigram"].items()}, 0)
             self.eval_point()
-        remaining = self.config.steps - self.module.step
+        remaining = self.config.steps - self.position.step
         if remaining > 0:
-            loader = self._loader(self.module.step, remaining)
-            callbacks = [TrainingLogger(self.config.log_every, "pretrain"), _PretrainHooks(self)]
+            loader = self._loader(self.position.step, remaining)
+            hooks = StepHooks(self._after_step, on_start=self._set_trainer)
+            callbacks = [TrainingLogger(self.config.log_every, "pretrain"), hooks]
             trainer = make_trainer(1, callbacks, self.logger, self.progress_bar)
             try:
                 trainer.fit(self.module, train_dataloaders=loader)
@@ -160,28 +144,40 @@ class Pretrainer:
                 self.trainer = None
         final = self.module.evaluate({name: loader for name, loader in self.eval_loaders.items()})
         self.record.update(
-            steps=self.module.step,
-            tokens=self.module.step * self.config.batch_size * self._seq_len(),
+            steps=self.position.step,
+            tokens=self.position.step * self.config.batch_size * self._seq_len(),
             final_eval=final,
-            final_eval_mean=_mean(final.values()),
+            final_eval_mean=mean_loss(final.values()),
             seconds=seconds_before + time.perf_counter() - started,
         )
-        log_scalars(self.logger, {f"pretrain/final/{d}": v for d, v in final.items()}, self.module.step)
+        log_scalars(self.logger, {f"pretrain/final/{d}": v for d, v in final.items()}, self.position.step)
         save_checkpoint(self.base_path, "base", self.module.model.config, {
             "key": self.key, "model": self.module.model.state_dict(), "record": self.record,
         })
-        _write_json(self.out_dir / RECORD, self.record)
+        atomic_write_json(self.out_dir / RECORD, self.record)
         progress.unlink(missing_ok=True)
         self.logger.finalize("success")
         return self.record
 
+    def _set_trainer(self, trainer: L.Trainer) -> None:
+        self.trainer = trainer
+
+    def _after_step(self, step: int) -> None:
+        """Every step: the loss curve; every `eval_every` steps: evaluation; checkpoints when due."""
+        cfg = self.config
+        self.record["loss_curve"].append([step, self.module.last_losses["lm"]])
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            self.eval_point()
+        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            self.save_progress()
+
     def eval_point(self) -> None:
         values = self.module.evaluate(self.curve_loaders)
-        step = self.module.step
+        step = self.position.step
         for name, value in values.items():
             self.record["eval_curve"][name].append([step, value])
         metrics = {f"pretrain/eval/{d}/loss": v for d, v in values.items()}
-        metrics["pretrain/eval/mean_loss"] = _mean(values.values())
+        metrics["pretrain/eval/mean_loss"] = mean_loss(values.values())
         log_scalars(self.logger, metrics, step)
 
     def save_progress(self) -> None:
@@ -189,7 +185,7 @@ class Pretrainer:
         optimizer = trainer.optimizers[0].state_dict() if trainer is not None and trainer.optimizers else None
         save_checkpoint(self.out_dir / PROGRESS, "pretrain", self.module.model.config, {
             "key": self.key, "model": self.module.model.state_dict(), "optimizer": optimizer,
-            "step": self.module.step, "record": self.record,
+            "step": self.position.step, "record": self.record,
         })
 
     def _restore(self, path: Path) -> None:
@@ -197,8 +193,8 @@ class Pretrainer:
         if data.get("key") != self.key:
             raise RunStopped(f"{path} belongs to another pretraining ({data.get('key')}, expected {self.key})")
         self.module.model.load_state_dict(data["model"])
-        self.module.optimizer_state = data["optimizer"]
-        self.module.step = data["step"]
+        self.module.load_optimizer_state(data["optimizer"])
+        self.position.step = data["step"]
         self.record = data["record"]
 
     # --- data ---------------------------------------------------------------------------------
@@ -222,12 +218,3 @@ class Pretrainer:
             lo, hi = max(first - epoch * n, 0), min(last - epoch * n, n)
             indices += order[lo:hi]
         return DataLoader(dataset, batch_size=batch, sampler=indices)
-
-
-def _mean(values) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return sum(values) / len(values) if values else math.nan
-
-
-def _write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1) + "\n")

@@ -319,6 +319,11 @@ class RunResults:
             raise ResultsFormatError(f"{path}: {err}") from None
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss) per token; inf where exp would overflow (a diverged loss stays a finite result)."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
 def package_versions(
     names: tuple[str, ...] = ("torch", "lightning", "avalanche-lib", "numpy"),
 ) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The one hook protocol every continual-learning strategy implements (ARCHITECTURE.md contract 3).
+"""The one hook protocol every continual-learning strategy implements (docs/architecture.md, contract 3).
 
 The LightningModule owns the training loop and calls these hooks; a strategy never runs a loop
 of its own. Order of calls within one experience t:

@@ -3,7 +3,7 @@
     clp bench layer              # full table (a few minutes on 2 cores)
     clp bench layer --quick      # two sizes, short repeats
 
-Configuration (issue 2 targets): d = 256, d_k = d_v = 256, top-8, 1 head, C = 256, B = 2,
+Configuration (the speed and memory targets of BENCHMARKS.md): d = 256, d_k = d_v = 256, top-8, 1 head, C = 256, B = 2,
 T = 1024, N = S² slots. Rows:
   (a) `nograd`: read + write without a graph (adaptation / evaluation mode);
   (b) `train`: forward with differentiable writes, backward into the slow weights;
@@ -46,7 +46,7 @@ def _worker(spec: dict) -> dict:
     import torch
     from torch import nn
 
-    from cl_platform.fwpkm import FwPKM, FwPKMConfig, zscore
+    from cl_platform.fwpkm import FwPKM, FwPKMConfig, WriteRule, zscore
     from cl_platform.fwpkm_naive import naive_fwpkm
 
     if spec.get("threads"):
@@ -55,18 +55,20 @@ def _worker(spec: dict) -> dict:
     base = _rss_mb()
     kind, S = spec["kind"], spec["S"]
     iters, secs = spec["iters"], spec["seconds"]
-    cfg = FwPKMConfig(num_subkeys=S, d_key=DK, d_value=DV, topk=TOPK, chunk=CHUNK)
+    cfg = FwPKMConfig(num_subkeys=S, d_key=DK, d_value=DV, topk=TOPK)
+    rule = WriteRule(chunk=CHUNK)
     bt = (B, T)
     if kind == "naive":
         bt = (1, CHUNK)  # loop-based: one chunk of one sequence is already slow
-        layer = FwPKM(D, cfg)
+        layer = FwPKM(D, cfg, rule)
         x = torch.randn(*bt, D)
         q = layer.proj_q(layer.norm_q(x)).detach()
         v = zscore(layer.proj_v(layer.norm_v(x))).detach()
         g = torch.sigmoid(layer.proj_g(layer.norm_g(x))).squeeze(-1).detach()
-        step = lambda: naive_fwpkm(q, v, g, layer.keys, layer.values, cfg)  # noqa: E731
+        state = layer.snapshot()
+        step = lambda: naive_fwpkm(q, v, g, state, cfg, rule)  # noqa: E731
     elif kind == "mlp":
-        layer = FwPKM(D, cfg)
+        layer = FwPKM(D, cfg, rule)
         slow = sum(p.numel() for p in layer.parameters())
         active = slow + TOPK * DV + 2 * S * DK // 2  # read rows + every sub-key is scored
         hidden = max(1, round(active / (2 * D)))
@@ -79,7 +81,7 @@ def _worker(spec: dict) -> dict:
             step = lambda: mlp(x)  # noqa: E731
         spec["hidden"] = hidden
     else:
-        layer = FwPKM(D, cfg)
+        layer = FwPKM(D, cfg, rule)
         x = torch.randn(*bt, D, requires_grad=spec["train"])
         if spec["train"]:
             step = lambda: layer(x).pow(2).mean().backward()  # noqa: E731

@@ -3,11 +3,15 @@
     clp bench layer [--quick]            FwPKM layer throughput / memory table (BENCHMARKS.md)
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
-    clp pretrain CONFIG                  train (or find cached) the base model of a run config
-    clp run CONFIG [--resume] [--run-dir DIR]   the main job: stream the domains, results matrix
+    clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
+    clp run CONFIG [key=value ...] [--resume] [--run-dir DIR]   the main job: stream the domains,
+                                         results matrix
+
+`key=value` overrides a config field by its dotted path (`cl.fwpkm.lr_values=0.3`, `seed=1`,
+`order=[math,law]`, `cl.fwpkm.lookahead=false`); values are YAML, checked against the field's type.
 
 The CLI lives in `experiments/` because it is the composition root: it wires `streams`,
-`strategies` and `analysis` to `cl_platform`, which must not import them (see ARCHITECTURE.md).
+`strategies` and `analysis` to `cl_platform`, which must not import them (see docs/architecture.md).
 Each subcommand is a thin call into the module that owns the work; imports are lazy so that
 `clp --help` is instant.
 """
@@ -37,9 +41,10 @@ def _data_stats(args: argparse.Namespace) -> int:
 
 def _run_errors():
     """Errors a user can fix (bad config, bad checkpoint, run folder conflicts): one line, exit 2."""
+    from cl_platform.check import ConfigError
     from cl_platform.checkpoint import CheckpointError
-    from cl_platform.engine import RunDirError, RunStopped
-    from cl_platform.run_config import ConfigError
+    from cl_platform.engine import RunDirError
+    from cl_platform.trainer import RunStopped
     from streams.errors import StreamDataError
 
     return (ConfigError, CheckpointError, RunDirError, RunStopped, StreamDataError, FileNotFoundError)
@@ -49,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     from experiments.run import main
 
     try:
-        return main(config=args.config, resume=args.resume, run_dir=args.run_dir)
+        return main(config=args.config, overrides=args.overrides, resume=args.resume, run_dir=args.run_dir)
     except _run_errors() as err:
         print(f"clp run: error: {err}", file=sys.stderr)
         return 2
@@ -59,7 +64,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from experiments.pretrain import main
 
     try:
-        return main(config=args.config)
+        return main(config=args.config, overrides=args.overrides)
     except _run_errors() as err:
         print(f"clp pretrain: error: {err}", file=sys.stderr)
         return 2
@@ -88,12 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="the main job: pretrain (or reuse) the base, stream the domains, results matrix")
     run.add_argument("config", help="run YAML, e.g. experiments/default.yaml")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides by dotted path, e.g. seed=1")
     run.add_argument("--resume", action="store_true", help="continue a killed run from its last checkpoint")
     run.add_argument("--run-dir", default=None, help="run folder (default: <runs_root>/<name>-<config hash>)")
     run.set_defaults(func=_run)
 
     pre = sub.add_parser("pretrain", help="train (or find cached) the base model of a run config")
     pre.add_argument("config", help="run YAML, e.g. experiments/default.yaml")
+    pre.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides by dotted path")
     pre.set_defaults(func=_pretrain)
     return parser
 

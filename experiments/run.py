@@ -1,33 +1,30 @@
-"""`clp run CONFIG`: the platform's main job — learn a stream of domains, measure forgetting.
+"""`clp run CONFIG [key=value ...]`: the platform's main job — learn a stream of domains, measure forgetting.
 
-    clp run experiments/default.yaml                  # pretrain (or reuse) the base, then the stream
-    clp run experiments/default.yaml --resume         # continue a killed run from its last checkpoint
-    clp run other.yaml --run-dir runs/NAME --resume   # refused if that folder holds another config
+    clp run experiments/default.yaml                      # pretrain (or reuse) the base, then the stream
+    clp run experiments/default.yaml cl.fwpkm.lr_values=0.3 seed=1   # dotted overrides (same base)
+    clp run experiments/default.yaml --resume             # continue a killed run from its last checkpoint
+    clp run other.yaml --run-dir runs/NAME --resume       # refused if that folder holds another config
 
-The composition root: builds the stream (streams), the strategy (strategies) and the base model,
-hands them to `cl_platform.engine.ContinualRunner`, then prints the results matrix, the
-forgetting summary (analysis) and where everything is. The run folder is named from the hash of
-the resolved configuration, data fingerprints included; running the same config again finds the
-finished run and prints it.
+The composition root: builds the stream (streams), the strategy (strategies) and the base model
+(experiments/setup.py, experiments/base.py), hands them to `cl_platform.engine.ContinualRunner`,
+then prints the results matrix, the forgetting summary (analysis) and where everything is. The
+run folder is named from the hash of the run's identity (`experiments.setup.run_identity`);
+running the same config again finds the finished run and prints it, and `clp run` on a run
+folder's `config.yaml` finds that run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-import yaml
-
-from cl_platform.results import ResultsMatrix, RunResults
-from cl_platform.run_config import ConfigError, config_hash
-from experiments.pretrain import Setup, build_model, ensure_base, load_setup, pretrain_key
-
-# Fields that say where things are, not what is computed: outside the run's identity.
-_WHERE_FIELDS = ("stream", "base_checkpoint", "name", "runs_root", "order")
+from cl_platform.config import config_hash, to_yaml
+from cl_platform.results import ResultsMatrix, RunResults, perplexity
+from experiments.base import ensure_base, given_base
+from experiments.setup import Setup, base_key, build_model, load_setup, make_strategy, run_identity
 
 
 def is_child_rank() -> bool:
@@ -36,73 +33,16 @@ def is_child_rank() -> bool:
     return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
 
 
-def stream_fingerprint(scenario) -> str:
-    """sha256 of what the continual phase reads: each experience's adapt tokens, every eval split."""
-    h = hashlib.sha256()
-    for exp in scenario:
-        h.update(f"adapt:{exp.domain}\0".encode("utf-8"))
-        h.update(exp.data.segments.tokens.numpy().tobytes())
-    for name in scenario.eval_domains:
-        h.update(f"eval:{name}\0".encode("utf-8"))
-        h.update(scenario.domains[name].splits["eval"].segments.tokens.numpy().tobytes())
-    return h.hexdigest()
-
-
-def identity(setup: Setup, base: dict[str, str]) -> dict[str, Any]:
-    """Everything the results depend on, and nothing about where files are."""
-    cfg = setup.config.to_dict()
-    for name in _WHERE_FIELDS:
-        cfg.pop(name)
-    if base["source"] == "checkpoint":
-        cfg.pop("pretrain")  # the given checkpoint replaces pretraining
-    scenario = setup.scenario
-    return {
-        "config": cfg,
-        "model": dataclasses.asdict(setup.model_config),
-        "data": {
-            "experiences": [exp.domain for exp in scenario],
-            "eval_domains": list(scenario.eval_domains),
-            "seq_len": scenario.config.seq_len,
-            "stream": stream_fingerprint(scenario),
-            "tokenizer": scenario.tokenizer.fingerprint,
-        },
-        "base": base,
-    }
-
-
-def make_strategy(setup: Setup):
-    from strategies import get_strategy
-
-    spec = setup.config.strategy
-    try:
-        return get_strategy(spec.name, **spec.kwargs)
-    except ValueError as err:
-        raise ConfigError(f"{setup.config_path}: run config field 'strategy.name': {err}") from None
-    except TypeError as err:  # constructor arguments that do not fit
-        raise ConfigError(f"{setup.config_path}: run config field 'strategy.kwargs' {spec.kwargs!r}: {err}") from None
-
-
 def resolved_yaml(setup: Setup, run_hash: str, name: str) -> str:
     cfg = dataclasses.replace(setup.config, name=name, order=[exp.domain for exp in setup.scenario])
     header = (f"# Resolved configuration of run {run_hash[:12]} (full hash {run_hash}),\n"
               f"# from {setup.config_path}. `clp run` on this file finds the same run.\n")
-    return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-
-
-def given_base(setup: Setup, say: Callable[[str], None]) -> tuple[dict, dict]:
-    """The base named by `base_checkpoint`, checked against this run's model: (identity, weights)."""
-    from cl_platform.checkpoint import CheckpointError, load_checkpoint
-
-    path = setup.config.base_checkpoint
-    data = load_checkpoint(path, "base", setup.model_config)
-    if "key" not in data:
-        raise CheckpointError(f"checkpoint {path} has no pretraining key")
-    say(f"base model: {path} (given by base_checkpoint)")
-    return {"source": "checkpoint", "key": data["key"]}, data["model"]
+    return header + to_yaml(cfg)
 
 
 def execute(
     config: str | Path,
+    overrides: Sequence[str] = (),
     resume: bool = False,
     run_dir: str | Path | None = None,
     progress_bar: bool = True,
@@ -114,7 +54,7 @@ def execute(
     from cl_platform.engine import ContinualRunner, create_run_dir, inspect_run_dir
     from experiments.callbacks import default_callbacks
 
-    setup = load_setup(config)
+    setup = load_setup(config, overrides)
     strategy = make_strategy(setup)  # an unknown strategy fails before anything is trained
     cfg = setup.config
     if is_child_rank():
@@ -122,10 +62,10 @@ def execute(
     # Identity needs the base's key, not its weights: a finished run is found without pretraining.
     weights = None
     if cfg.base_checkpoint is None:
-        base_id = {"source": "pretrain", "key": pretrain_key(setup)}
+        base_id = {"source": "pretrain", "key": base_key(setup)}
     else:
         base_id, weights = given_base(setup, say)
-    fields = identity(setup, base_id)
+    fields = run_identity(setup, base_id)
     run_hash = config_hash(fields)
     name = cfg.name or setup.config_path.stem
     folder = Path(run_dir) if run_dir is not None else Path(cfg.runs_root) / f"{name}-{run_hash[:12]}"
@@ -141,7 +81,7 @@ def execute(
         _, _, _, weights = ensure_base(setup, progress_bar=progress_bar, say=say)
     if state == "new":
         create_run_dir(folder, run_hash, fields, resolved_yaml(setup, run_hash, name))
-    model = build_model(setup.model_config, cfg.seed)
+    model = build_model(setup.model_config, cfg.seed, cfg.pretrain.fwpkm)
     model.load_state_dict(weights)
     runner = ContinualRunner(
         model=model,
@@ -167,8 +107,8 @@ def _silent(_: str) -> None:
     pass
 
 
-def perplexity(matrix: ResultsMatrix) -> ResultsMatrix:
-    values = [[math.exp(v) if v < 700 else math.inf for v in row] for row in matrix.values.tolist()]
+def perplexity_matrix(matrix: ResultsMatrix) -> ResultsMatrix:
+    values = [[perplexity(v) for v in row] for row in matrix.values.tolist()]
     return ResultsMatrix(matrix.domains, matrix.experiences, values, "perplexity", True)
 
 
@@ -182,7 +122,7 @@ def report(folder: Path, results: RunResults) -> str:
         f"mode {results.mode}, eval memory {results.memory_policy}, strategy {results.strategy}):",
         format_table(results),
         "",
-        format_table(perplexity(results.matrix), precision=1),
+        format_table(perplexity_matrix(results.matrix), precision=1),
         "",
         "forgetting summary (loss; positive forgetting = worse than the best seen, positive "
         "BWT/FWT/plasticity = better):",
@@ -211,8 +151,8 @@ def report(folder: Path, results: RunResults) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, resume: bool = False, run_dir: str | None = None) -> int:
-    folder, results, _ = execute(config, resume=resume, run_dir=run_dir)
+def main(config: str, overrides: Sequence[str] = (), resume: bool = False, run_dir: str | None = None) -> int:
+    folder, results, _ = execute(config, overrides, resume=resume, run_dir=run_dir)
     if not is_child_rank():
         print()
         print(report(folder, results))

@@ -24,7 +24,6 @@ _EXPORTS = {
     "FilterConfig": "streams.sources",
     "TokenBudget": "streams.splits",
     "StreamDataError": "streams.errors",
-    "ExperienceDataModule": "streams.datamodule",
     "PretrainDataModule": "streams.datamodule",
 }
 __all__ = sorted(_EXPORTS)

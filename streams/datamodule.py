@@ -1,18 +1,12 @@
-"""How training reads the stream: DataLoaders and Lightning data modules over packed segments.
+"""How training reads the stream: resumable DataLoaders over packed segments.
 
-    dm = ExperienceDataModule(scenario, batch_size=8)
-    for t in range(len(scenario)):
-        dm.set_experience(t)          # train = adapt segments of experience t, in stream order
-        trainer = L.Trainer(...)      # a fresh Trainer per experience (see ARCHITECTURE.md)
-        trainer.fit(module, datamodule=dm)   # val = one loader per domain's eval split
-
+    exp.adapt_loader(8, start=16)                # an experience's adapt segments, in stream order
     PretrainDataModule(scenario, batch_size=8)   # base model: all pretrain splits, shuffled
 
 Data position is resumable: every loader draws indices from a `ResumableSampler` (deterministic
-order from a seed and an epoch; `start` skips what a previous run already consumed). The runner,
-which counts the batches it has trained on, sets the position (`set_experience(t, start)`,
-`set_position(epoch, start)`); the data modules keep it in Lightning's `state_dict` hooks so it
-travels with checkpoints.
+order from a seed and an epoch; `start` skips what a previous run already consumed). The runners
+count the batches they have trained on and set the position (`start`, `set_position(epoch,
+start)`); the pretraining data module keeps it in Lightning's `state_dict` hooks.
 """
 from __future__ import annotations
 
@@ -73,65 +67,13 @@ def segment_loader(
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)
 
 
-class _EvalLoaders:
-    """Shared by both data modules: validation = one in-order loader per domain's eval split."""
-
-    scenario: Any
-    eval_batch_size: int
-    num_workers: int
-
-    def val_dataloader(self) -> list[DataLoader]:
-        # Lightning numbers the loaders (dataloader_idx); `scenario.eval_domains[idx]` names them.
-        return [
-            segment_loader(d.splits["eval"].segments, self.eval_batch_size, num_workers=self.num_workers)
-            for d in self.scenario.domains.values()
-        ]
-
-    def test_dataloader(self) -> list[DataLoader]:
-        return self.val_dataloader()
-
-
-class ExperienceDataModule(_EvalLoaders, L.LightningDataModule):
-    """Train = the adapt segments of the current experience, in stream order (never shuffled)."""
-
-    def __init__(self, scenario, batch_size: int = 8, eval_batch_size: int | None = None, num_workers: int = 0):
-        super().__init__()
-        self.scenario = scenario
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self.experience = 0
-        self.start = 0  # segments of the current experience already consumed (resume)
-
-    def set_experience(self, index: int, start: int = 0) -> None:
-        if not 0 <= index < len(self.scenario):
-            raise IndexError(f"experience {index} is outside 0..{len(self.scenario) - 1}")
-        self.experience, self.start = index, start
-
-    @property
-    def current(self):
-        return self.scenario[self.experience]
-
-    def train_dataloader(self) -> DataLoader:
-        return self.current.adapt_loader(self.batch_size, start=self.start, num_workers=self.num_workers)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"experience": self.experience, "start": self.start}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.set_experience(state_dict["experience"], state_dict["start"])
-
-
-class PretrainDataModule(_EvalLoaders, L.LightningDataModule):
+class PretrainDataModule(L.LightningDataModule):
     """Train = every domain's pretrain split, one seeded permutation per epoch."""
 
-    def __init__(
-        self, scenario, batch_size: int = 8, eval_batch_size: int | None = None, seed: int = 0, num_workers: int = 0
-    ):
+    def __init__(self, scenario, batch_size: int = 8, seed: int = 0, num_workers: int = 0):
         super().__init__()
         self.scenario = scenario
         self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
         self.seed = seed
         self.num_workers = num_workers
         self.sampler_state = {"epoch": 0, "start": 0}

@@ -22,8 +22,9 @@ import math
 import numpy as np
 import torch
 
+from cl_platform.model import IGNORE_INDEX  # the padding target the model's loss skips
+
 PIPELINE_VERSION = "1"  # bump when the output of tokenise/pack changes for identical inputs
-IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
 
 def fingerprint(*parts: object) -> str:

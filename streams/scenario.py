@@ -99,8 +99,11 @@ class DomainScenario(CLScenario):
         return self.adapt_stream[i]
 
     def pretrain_dataset(self):
-        """Every domain's pretrain segments as one AvalancheDataset, in domain order (shuffle to train)."""
-        parts = [d.splits["pretrain"].segments for d in self.domains.values() if d.splits["pretrain"].n_docs]
+        """Every domain's pretrain segments as one AvalancheDataset, domains in name order (shuffle
+        to train). Name order, not the order the stream file lists them: the mixture, and so the
+        base model, must not depend on how a file happens to list its domains."""
+        parts = [self.domains[name].splits["pretrain"].segments for name in sorted(self.domains)
+                 if self.domains[name].splits["pretrain"].n_docs]
         if not parts:
             raise ValueError("no domain has a pretrain split (every token_budget.pretrain is 0)")
         return AvalancheDataset(parts)

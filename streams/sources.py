@@ -19,10 +19,11 @@ import glob
 import gzip
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cl_platform.check import check_keys, from_mapping
 from streams.errors import StreamDataError
 from streams.splits import TokenBudget
 
@@ -31,16 +32,6 @@ Format = Literal["auto", "json", "parquet", "text"]
 _FORMATS = ("auto", "json", "parquet", "text")
 _EXTENSIONS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".txt": "text", ".md": "text"}
 _TRUE = {"1", "ON", "YES", "TRUE"}
-
-
-def check_keys(cls: type, data: Any, where: str) -> None:
-    """YAML mappings must be mappings and use only the dataclass's field names."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(known)}")
 
 
 @dataclass(frozen=True)
@@ -68,11 +59,6 @@ class FilterConfig:
     def active(self) -> bool:
         """Whether a row-wise filter applies (max_documents is a cut, not a row filter)."""
         return self.min_chars > 0 or self.max_chars is not None or bool(self.where)
-
-    @classmethod
-    def from_dict(cls, data: dict, where: str = "filters") -> "FilterConfig":
-        check_keys(cls, data, where)
-        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -126,9 +112,9 @@ class DomainConfig:
         where = f"domain '{data['name']}'"
         try:
             if isinstance(data.get("filters"), dict):
-                data["filters"] = FilterConfig.from_dict(data["filters"], "filters")
+                data["filters"] = from_mapping(FilterConfig, data["filters"], "filters")
             if isinstance(data.get("token_budget"), dict):
-                data["token_budget"] = TokenBudget.from_dict(data["token_budget"], "token_budget")
+                data["token_budget"] = from_mapping(TokenBudget, data["token_budget"], "token_budget")
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         if base_dir is not None:

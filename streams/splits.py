@@ -41,13 +41,6 @@ class TokenBudget:
             if getattr(self, name) == 0:
                 raise ValueError(f"token_budget.{name} must be positive (every domain is streamed and evaluated)")
 
-    @classmethod
-    def from_dict(cls, data: dict, where: str = "token_budget") -> "TokenBudget":
-        from streams.sources import check_keys
-
-        check_keys(cls, data, where)
-        return cls(**data)
-
 
 @dataclass(frozen=True)
 class SplitPlan:

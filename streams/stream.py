@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
-
 from cl_platform.tokenizer import Tokenizer, load_tokenizer
 from streams.packing import PackedSegments, pack_split, tokenize_documents
-from streams.sources import DomainConfig, check_keys, load_documents
+from cl_platform.check import check_keys, from_mapping, read_yaml
+from streams.sources import DomainConfig, load_documents
 from streams.splits import SplitPlan, TokenBudget, adapt_part_name, plan_splits
 
 
@@ -94,7 +93,7 @@ class StreamConfig:
             DomainConfig.from_dict(d, f"domains[{i}]", base_dir=base_dir) for i, d in enumerate(data["domains"])
         ]
         if isinstance(data.get("token_budget"), dict):
-            data["token_budget"] = TokenBudget.from_dict(data["token_budget"])
+            data["token_budget"] = from_mapping(TokenBudget, data["token_budget"], "token_budget")
         for key in ("tokenizer", "cache_dir"):
             if base_dir is not None and isinstance(data.get(key), str) and not os.path.isabs(os.path.expanduser(data[key])):
                 data[key] = str(base_dir / data[key])
@@ -103,12 +102,9 @@ class StreamConfig:
 
 def load_stream_config(path: str | Path) -> StreamConfig:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"stream config {path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+    data = read_yaml(path, "stream config")
     try:
-        return StreamConfig.from_dict(data or {}, base_dir=path.resolve().parent)
+        return StreamConfig.from_dict(data, base_dir=path.resolve().parent)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
 

@@ -1,7 +1,8 @@
-"""Dependencies point one way: experiments → strategies, streams, analysis → cl_platform.
+"""Dependencies point one way: experiments → strategies, streams, analysis → cl_platform, and no
+module imports itself back through others (no import cycles, between packages or inside one).
 
 Imports are read from the source (every `import` anywhere in a file, including ones inside
-functions and TYPE_CHECKING blocks), so a lazy import cannot hide a wrong-way dependency.
+functions and TYPE_CHECKING blocks), so a lazy import cannot hide a wrong-way dependency or a cycle.
 """
 
 import ast
@@ -70,7 +71,7 @@ def test_dependency_direction(path):
         for line, name in _imported_modules(path)
         if name.split(".")[0] in FORBIDDEN[owner]
     ]
-    assert not bad, f"{owner} must not import these (see ARCHITECTURE.md):\n" + "\n".join(bad)
+    assert not bad, f"{owner} must not import these (see docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_resolves_relative_imports(tmp_path, monkeypatch):
@@ -98,3 +99,59 @@ def test_analysis_imports_without_torch():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", f"importing analysis loaded {out.stdout.strip()}"
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """Module → the project modules it imports (a `from pkg import name` counts as pkg.name when
+    that is a module, else as pkg)."""
+    files = sorted(p for pkg in PACKAGES if (root / pkg).is_dir() for p in (root / pkg).rglob("*.py"))
+    modules = {_module_name(p) for p in files}
+    graph: dict[str, set[str]] = {}
+    for path in files:
+        me = _module_name(path)
+        edges = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+        for _, name in _imported_modules(path):
+            targets = {f"{name}.{n}" for n in names} & modules
+            edges |= targets or ({name} & modules)
+        graph[me] = edges - {me}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path [a, b, ..., a], or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    cycle = _cycle(_import_graph(ROOT))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    pkg = tmp_path / "cl_platform"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from cl_platform.b import thing\n")
+    (pkg / "b.py").write_text("def f():\n    from cl_platform import a  # lazy, still a cycle\n")
+    assert _cycle(_import_graph(tmp_path)) == ["cl_platform.a", "cl_platform.b", "cl_platform.a"]

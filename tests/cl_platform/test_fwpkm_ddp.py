@@ -8,15 +8,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cl_platform.fwpkm import FwPKM, FwPKMConfig
+from cl_platform.fwpkm import FwPKM, FwPKMConfig, WriteRule
 
 WORLD = 2
 
 
 def make_layer_and_batch():
     torch.manual_seed(0)
-    cfg = FwPKMConfig(num_subkeys=8, d_key=8, d_value=6, topk=4, chunk=5)
-    layer = FwPKM(16, cfg).double()
+    cfg = FwPKMConfig(num_subkeys=8, d_key=8, d_value=6, topk=4)
+    layer = FwPKM(16, cfg, WriteRule(chunk=5)).double()
     x = torch.randn(2 * WORLD, 17, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     return layer, x
 

@@ -1,9 +1,20 @@
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cl_platform.fwpkm import FwPKMConfig
-from cl_platform.model import FwPKMLM, ModelConfig, _rope_cos_sin, apply_rope, count_parameters
+from cl_platform.check import ConfigError
+from cl_platform.fwpkm import FwPKMConfig, WriteRule
+from cl_platform.model import (
+    IGNORE_INDEX,
+    PRESETS,
+    FwPKMLM,
+    ModelConfig,
+    _rope_cos_sin,
+    apply_rope,
+    count_parameters,
+)
 from cl_platform.optim import MixedAdamW
 from cl_platform.pkm import PKMConfig
 
@@ -84,7 +95,7 @@ def test_loss_is_mean_token_cross_entropy_ignoring_padding():
     model = _attn_only()
     idx = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(5))
     targets = idx.roll(-1, dims=1)
-    targets[:, -3:] = -100
+    targets[:, -3:] = IGNORE_INDEX
     logits, loss = model(idx, targets)
     assert logits.shape == (2, 9, V)
     keep = targets != -100
@@ -93,16 +104,17 @@ def test_loss_is_mean_token_cross_entropy_ignoring_padding():
 
 
 def _small(**overrides) -> FwPKMLM:
-    """The small preset at test speed: short chunks, small vocabulary and memories."""
+    """The small preset at test speed: short chunks and window, small vocabulary and memories."""
     torch.manual_seed(0)
-    cfg = ModelConfig.preset(
-        "small",
+    cfg = dataclasses.replace(
+        ModelConfig.from_preset("small"),
         vocab_size=V,
-        fwpkm=dict(num_subkeys=16, d_key=16, d_value=16, chunk=8),
-        pkm=dict(num_subkeys=8, d_key=16, d_value=32, topk=4),
+        window=8,
+        fwpkm=FwPKMConfig(num_subkeys=16, d_key=16, d_value=16),
+        pkm=PKMConfig(num_subkeys=8, d_key=16, d_value=32, topk=4),
         **overrides,
     )
-    return FwPKMLM(cfg)
+    return FwPKMLM(cfg, WriteRule(chunk=8))
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -201,47 +213,84 @@ def test_optimizer_groups_cover_each_trainable_parameter_once():
 
 
 def test_presets_and_window_default():
-    small = ModelConfig.preset("small")
-    assert (small.n_layer, small.d_model, small.n_head) == (4, 256, 4)
+    small = ModelConfig.from_preset("small")
+    assert small == ModelConfig() and small.preset == "small"  # the field defaults are the small preset
+    assert (small.n_layer, small.d_model, small.n_head, small.vocab_size) == (4, 256, 4, None)
     assert small.fwpkm_layers == [1, 3] and small.pkm_layers == []
     assert small.fwpkm == FwPKMConfig() and small.pkm == PKMConfig() and small.mixer == "swa"
-    assert small.attn_window == small.fwpkm.chunk == 128
-    paper = ModelConfig.preset("paper", vocab_size=32000)
-    assert (paper.n_layer, paper.d_model, paper.fwpkm_layers, paper.vocab_size) == (12, 768, [2, 6, 10], 32000)
-    assert paper.attn_window == paper.fwpkm.chunk == 512 and paper.fwpkm.num_subkeys == 512
-    combo = ModelConfig.preset("paper_pkm", fwpkm=dict(chunk=256))
-    assert combo.pkm_layers == [6] and combo.fwpkm_layers == [2, 10]
-    assert combo.fwpkm.chunk == 256 and combo.fwpkm.d_key == 512 and combo.attn_window == 256
-    assert ModelConfig.preset("small", window=64).attn_window == 64
-    assert ModelConfig(fwpkm={"chunk": 64}, pkm={"heads": 2}).fwpkm.chunk == 64  # YAML-style dicts
+    assert small.window == 128
+    paper = ModelConfig.from_preset("paper")
+    assert paper.preset == "paper" and (paper.n_layer, paper.d_model, paper.fwpkm_layers) == (12, 768, [2, 6, 10])
+    assert paper.window == 512 and paper.fwpkm == FwPKMConfig(num_subkeys=512, d_key=512, d_value=512)
+    combo = ModelConfig.from_preset("paper_pkm")
+    assert combo.pkm_layers == [6] and combo.fwpkm_layers == [2, 10] and combo.fwpkm == paper.fwpkm
+    assert (combo.pkm.num_subkeys, combo.pkm.d_key, combo.pkm.d_value) == (512, 512, 768)
+    assert set(PRESETS) == {"small", "paper", "paper_pkm"}
+    for name in PRESETS:  # the window is the model's own field: changing it touches nothing else
+        wide = dataclasses.replace(ModelConfig.from_preset(name), window=64)
+        assert wide.window == 64 and wide.fwpkm == ModelConfig.from_preset(name).fwpkm
+
+
+def test_vocab_size_must_be_set_before_building():
+    with pytest.raises(ValueError, match="vocab_size is None; set it from the tokenizer"):
+        FwPKMLM(ModelConfig())
 
 
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: ModelConfig.preset("huge"), r"unknown preset 'huge'.*\['paper', 'paper_pkm', 'small'\]"),
-        (lambda: ModelConfig.preset("small", n_layers=3), r"unknown field\(s\) \['n_layers'\]"),
-        (lambda: ModelConfig(fwpkm_layers=[4]), r"fwpkm_layers: layer index 4 out of range; allowed 0..3"),
-        (lambda: ModelConfig(pkm_layers=[-1]), r"pkm_layers: layer index -1"),
-        (lambda: ModelConfig(fwpkm_layers=[1, 1]), r"fwpkm_layers has a repeated"),
-        (lambda: ModelConfig(pkm_layers=[3]), r"fwpkm_layers and pkm_layers overlap at layer\(s\) \[3\]"),
-        (lambda: ModelConfig(d_model=250), r"d_model \(250\) must be divisible by n_head \(4\)"),
+        (lambda: ModelConfig.from_preset("huge"), r"unknown preset 'huge'.*\['paper', 'paper_pkm', 'small'\]"),
+        (lambda: ModelConfig(preset="huge"), r"ModelConfig\.preset='huge': must be one of \['paper', 'paper_pkm', 'small'\]"),
+        (lambda: ModelConfig(vocab_size=0), r"ModelConfig\.vocab_size=0"),
+        (lambda: ModelConfig(fwpkm_layers=[4]), r"fwpkm_layers=\[4\]: layer index 4 out of range; allowed 0..3"),
+        (lambda: ModelConfig(pkm_layers=[-1]), r"pkm_layers=\[-1\]: layer index -1"),
+        (lambda: ModelConfig(fwpkm_layers=[1, 1]), r"fwpkm_layers=\[1, 1\]: has a repeated"),
+        (lambda: ModelConfig(pkm_layers=[3]), r"pkm_layers=\[3\]: overlaps fwpkm_layers at layer\(s\) \[3\]"),
+        (lambda: ModelConfig(d_model=250), r"ModelConfig\.d_model=250: must be divisible by n_head=4"),
         (lambda: ModelConfig(d_model=12, n_head=4), r"d_model / n_head = 3 must be even"),
-        (lambda: ModelConfig(mixer="gdn"), r"mixer must be one of \('swa', 'full'\)"),
-        (lambda: ModelConfig(pswa_prob=1.5), r"pswa_prob"),
-        (lambda: ModelConfig(window=0), r"ModelConfig.window"),
-        (lambda: ModelConfig(fwpkm_layers="1,3"), r"fwpkm_layers must be a list of ints"),
-        (lambda: ModelConfig(pkm=dict(topk=500)), r"PKMConfig.topk"),
+        (lambda: ModelConfig(mixer="gdn"), r"mixer='gdn': must be one of \('swa', 'full'\)"),
+        (lambda: ModelConfig(pswa_prob=1.5), r"ModelConfig\.pswa_prob=1\.5"),
+        (lambda: ModelConfig(window=0), r"ModelConfig\.window=0"),
+        (lambda: ModelConfig(window=None), r"ModelConfig\.window=None"),
+        (lambda: ModelConfig(fwpkm_layers="1,3"), r"fwpkm_layers='1,3': must be a list of ints"),
+        (lambda: ModelConfig(fwpkm={"num_subkeys": 8}), r"ModelConfig\.fwpkm=.*must be a FwPKMConfig"),
+        (lambda: ModelConfig(pkm=PKMConfig(topk=500)), r"PKMConfig\.topk"),
     ],
 )
 def test_config_validation_names_the_field(make, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigError, match=match):
         make()
+
+
+def test_write_rules_by_layer_name():
+    model = _small()
+    assert model.write_rules() == {"fwpkm1": WriteRule(chunk=8), "fwpkm3": WriteRule(chunk=8)}
+    slow, still = WriteRule(chunk=8, lr_values=0.5), WriteRule(chunk=8, lr_values=0.0, lr_keys=0.0)
+    model.set_write_rules(slow, {"fwpkm3": still})
+    assert model.write_rules() == {"fwpkm1": slow, "fwpkm3": still}
+    assert model.blocks[3].fwpkm.rule is still
+    with pytest.raises(ValueError, match=r"unknown FwPKM layer\(s\) \['fwpkm2'\].*\['fwpkm1', 'fwpkm3'\]"):
+        model.set_write_rules(WriteRule(), {"fwpkm2": WriteRule()})
+    with pytest.raises(TypeError, match="fwpkm1 must be a WriteRule"):
+        model.set_write_rules(WriteRule(), {"fwpkm1": {"chunk": 8}})
+    assert model.write_rules() == {"fwpkm1": slow, "fwpkm3": still}  # a refused call changes nothing
+
+    # the rules act: the layer with η = η_K = 0 keeps its memory, the other one writes
+    idx = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(10))
+    before = model.snapshot_memory()
+    with torch.no_grad():
+        model(idx)
+    after = model.snapshot_memory()
+    assert not torch.equal(after[0].values, before[0].values)
+    assert torch.equal(after[1].values, before[1].values) and torch.equal(after[1].keys, before[1].keys)
+    model.set_write_rules(WriteRule(chunk=8))
+    assert set(model.write_rules().values()) == {WriteRule(chunk=8)}
 
 
 def test_parameter_counts_small_and_paper(capsys):
     with torch.device("meta"):  # shapes only: the paper model holds ~0.5G values
-        counts = {name: count_parameters(FwPKMLM(ModelConfig.preset(name))) for name in ("small", "paper", "paper_pkm")}
+        counts = {name: count_parameters(FwPKMLM(dataclasses.replace(ModelConfig.from_preset(name), vocab_size=50304)))
+                  for name in ("small", "paper", "paper_pkm")}
     with capsys.disabled():
         for name, c in counts.items():
             print(f"\n{name}: " + ", ".join(f"{k}={v / 1e6:.2f}M" for k, v in c.items()), end="")

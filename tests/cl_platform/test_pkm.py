@@ -1,8 +1,11 @@
 import pytest
 import torch
 
+from cl_platform import fwpkm, pkm, product_keys
+from cl_platform.check import ConfigError
 from cl_platform.optim import MixedAdamW
 from cl_platform.pkm import PKM, PKMConfig, pkm_reference
+from cl_platform.product_keys import IDW_EPS, product_key_lookup
 
 # Awkward sizes: odd widths, S not a power of two, k·k candidates > S, several heads.
 D_MODEL = 10
@@ -56,17 +59,44 @@ def test_pkm_matches_loop_reference_outputs_and_gradients(score):
 def test_idw_lookup_ranks_by_score_and_indexes_product_slots():
     m = _module("idw")
     c = m.config
-    q = torch.randn(1, 4, c.heads, 2, c.d_key // 2, dtype=torch.float64)
-    scores, idx = m.lookup(q)
-    assert idx.min() >= 0 and idx.max() < c.num_slots
+    half = c.d_key // 2
+    q = torch.randn(1, 4, c.heads, c.d_key, dtype=torch.float64)
+    look = m.lookup(q)
+    assert look.idx.min() >= 0 and look.idx.max() < c.num_slots
     # recompute each picked slot's score from its two sub-keys: s = s¹_a + s²_b
-    a, b = idx // c.num_subkeys, idx % c.num_subkeys
+    a, b = look.idx // c.num_subkeys, look.idx % c.num_subkeys
     for h in range(c.heads):
-        d1 = ((q[0, :, h, 0, None, :] - m.keys[h, 0][a[0, :, h]]) ** 2).sum(-1)
-        d2 = ((q[0, :, h, 1, None, :] - m.keys[h, 1][b[0, :, h]]) ** 2).sum(-1)
+        d1 = ((q[0, :, h, None, :half] - m.keys[h, 0][a[0, :, h]]) ** 2).sum(-1)
+        d2 = ((q[0, :, h, None, half:] - m.keys[h, 1][b[0, :, h]]) ** 2).sum(-1)
         expected = -torch.log(1e-3 + d1) - torch.log(1e-3 + d2)
-        torch.testing.assert_close(scores[0, :, h], expected)
-    assert (scores[..., :-1] >= scores[..., 1:]).all()  # sorted best first
+        assert (expected[:, :-1] >= expected[:, 1:]).all()  # sorted best first
+        torch.testing.assert_close(look.weights[0, :, h], expected.softmax(-1))
+
+
+@pytest.mark.parametrize("score", ["idw", "dot"])
+def test_lookup_picks_the_top_k_of_all_slots(score):
+    """The k·k candidates of the two codebooks always contain the k best of all N = S² slots."""
+    g = torch.Generator().manual_seed(5)
+    H, S, Dh, k = 3, 7, 4, 5
+    keys = torch.randn(H, 2, S, Dh, generator=g, dtype=torch.float64)
+    q = torch.randn(2, 9, H, 2 * Dh, generator=g, dtype=torch.float64)
+    look, sub = product_key_lookup(q, keys, k, score)
+    qh = q.view(2, 9, H, 2, 1, Dh)
+    if score == "idw":
+        s = -torch.log(IDW_EPS + ((qh - keys) ** 2).sum(-1))  # (2, 9, H, 2, S)
+        assert sub.d2 is not None
+    else:
+        s = (qh * keys).sum(-1)
+        assert sub.d2 is None
+    every = (s[..., 0, :, None] + s[..., 1, None, :]).flatten(-2)  # (2, 9, H, S·S) slot a·S + b
+    best = every.topk(k, dim=-1)
+    assert torch.equal(look.idx, best.indices)
+    torch.testing.assert_close(look.weights, best.values.softmax(-1))
+
+
+def test_pkm_and_fwpkm_share_one_lookup():
+    assert pkm.product_key_lookup is fwpkm.product_key_lookup is product_keys.product_key_lookup
+    assert pkm.IDW_EPS is fwpkm.IDW_EPS is product_keys.IDW_EPS
 
 
 def test_pkm_trains_with_mixed_adamw():
@@ -102,5 +132,5 @@ def test_pkm_trains_with_mixed_adamw():
     ],
 )
 def test_config_validation_names_the_field(field, kwargs):
-    with pytest.raises(ValueError, match=f"PKMConfig.{field}"):
+    with pytest.raises(ConfigError, match=rf"^PKMConfig\.{field}="):
         PKMConfig(**kwargs)

@@ -12,7 +12,7 @@ from avalanche.benchmarks.scenarios import CLScenario
 from avalanche.benchmarks.utils import AvalancheDataset
 from avalanche.training.storage_policy import ReservoirSamplingBuffer
 
-from streams.datamodule import ExperienceDataModule, PretrainDataModule, ResumableSampler
+from streams.datamodule import PretrainDataModule, ResumableSampler
 from streams.packing import IGNORE_INDEX
 from streams.scenario import build_stream
 
@@ -138,21 +138,7 @@ def test_loaders(small_scenario, small):
     assert b["doc_start"][0, 0] and b["input_ids"][0, 0] == small_scenario.tokenizer.eot_id
 
 
-def test_data_modules(small_scenario, small):
-    dm = ExperienceDataModule(small_scenario, batch_size=4, eval_batch_size=10)
-    dm.set_experience(2)
-    first = next(iter(dm.train_dataloader()))
-    assert torch.equal(first["input_ids"], small_scenario.domains["code"].splits["adapt"].segments.tokens[:4, :-1])
-    vals = dm.val_dataloader()
-    assert len(vals) == 4 and all(len(v) == 1 for v in vals)  # 10 eval segments per domain, batch 10
-    dm.set_experience(3, start=8)
-    state = dm.state_dict()
-    dm2 = ExperienceDataModule(small_scenario, batch_size=4)
-    dm2.load_state_dict(state)
-    assert torch.equal(next(iter(dm2.train_dataloader()))["input_ids"], small_scenario.domains["web"].splits["adapt"].segments.tokens[8:12, :-1])
-    with pytest.raises(IndexError):
-        dm.set_experience(4)
-
+def test_pretrain_data_module(small_scenario, small):
     pre = PretrainDataModule(small_scenario, batch_size=16, seed=7)
     a = torch.cat([b["input_ids"] for b in pre.train_dataloader()])
     b = torch.cat([b["input_ids"] for b in PretrainDataModule(small_scenario, batch_size=16, seed=7).train_dataloader()])

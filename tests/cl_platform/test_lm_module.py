@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from cl_platform.engine import make_trainer, quiet_lightning
+from cl_platform.trainer import make_trainer, quiet_lightning
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings
 from cl_platform.memory_policy import FrozenMemory, StreamMemory, get_memory_policy
+from cl_platform.fwpkm import FwPKMConfig, WriteRule
 from cl_platform.model import FwPKMLM, ModelConfig
 from cl_platform.strategy import Strategy, StrategyContext
 
@@ -16,9 +17,9 @@ V, T = 64, 20
 
 def tiny_model(seed=0) -> FwPKMLM:
     torch.manual_seed(seed)
-    cfg = ModelConfig.preset("small", vocab_size=V, n_layer=2, d_model=32, n_head=2, fwpkm_layers=[0],
-                             fwpkm={"num_subkeys": 8, "d_key": 16, "d_value": 16, "chunk": 8})
-    return FwPKMLM(cfg)
+    cfg = ModelConfig(vocab_size=V, n_layer=2, d_model=32, n_head=2, fwpkm_layers=[0], window=8,
+                      fwpkm=FwPKMConfig(num_subkeys=8, d_key=16, d_value=16))
+    return FwPKMLM(cfg, WriteRule(chunk=8))
 
 
 def batches(n=6, seed=1) -> list[dict]:
@@ -62,7 +63,7 @@ def test_fast_mode_changes_only_the_memory():
     memory = {"blocks.0.fwpkm.keys", "blocks.0.fwpkm.values", "blocks.0.fwpkm.read_counts"}
     assert same(before, after, [k for k in before if k not in memory])
     assert not torch.equal(before["blocks.0.fwpkm.values"], after["blocks.0.fwpkm.values"])
-    assert module.step == 3 and module.segments_done == 6
+    assert module.position.step == 3 and module.position.segments_done == 6
     assert not any(p.requires_grad for p in model.parameters())
 
 
@@ -140,7 +141,7 @@ class Terms(Strategy):
 
 
 def with_ctx(module, mode):
-    module.ctx = StrategyContext(model=module.model, experience=1, domain="a", mode=mode)
+    module.begin_experience(StrategyContext(model=module.model, experience=1, domain="a", mode=mode), label="a")
     return module
 
 
@@ -164,4 +165,4 @@ def test_non_finite_loss_stops_with_the_step():
                       "finetune")
     with pytest.raises(NonFiniteLossError, match="step 2") as info:
         fit(module, loader())
-    assert info.value.step == 2 and module.step == 1
+    assert info.value.step == 2 and module.position.step == 1

@@ -1,7 +1,7 @@
 """The results-matrix image: measured values and their change since row 0, NaN rows left blank."""
 import math
 
-from cl_platform.callbacks import heatmap_figure
+from analysis.plots import heatmap_figure
 from cl_platform.results import ResultsMatrix
 
 

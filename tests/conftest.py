@@ -1,5 +1,6 @@
-"""A tiny real setup shared by the engine tests: 2 domains of the shipped corpora, 32-token
-segments, a 2-layer model with one small FwPKM layer; stream cache and pretrained base built once.
+"""A tiny real setup shared by the runner tests (cl_platform, experiments): 2 domains of the
+shipped corpora, 32-token segments, a 2-layer model with one small FwPKM layer; stream cache and
+pretrained base built once per session.
 
 Tests write run YAMLs with `tiny.config(path, **overrides)`; nested overrides merge into the
 defaults below (`cl={"mode": "finetune"}` changes only cl.mode).
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 STREAM = {
     "domains": [
@@ -30,11 +31,11 @@ STREAM = {
 
 RUN = {
     "model": {
-        "preset": "small", "n_layer": 2, "d_model": 64, "n_head": 2, "fwpkm_layers": [1],
-        "fwpkm": {"num_subkeys": 16, "d_key": 32, "d_value": 32, "chunk": 16},
+        "preset": "small", "n_layer": 2, "d_model": 64, "n_head": 2, "fwpkm_layers": [1], "window": 16,
+        "fwpkm": {"num_subkeys": 16, "d_key": 32, "d_value": 32},
     },
     "pretrain": {"steps": 150, "batch_size": 16, "lr": 3.0e-3, "warmup_steps": 10, "eval_every": 50,
-                 "checkpoint_every": 50, "log_every": 5, "eval_segments": 4},
+                 "checkpoint_every": 50, "log_every": 5, "eval_segments": 4, "fwpkm": {"chunk": 16}},
     "cl": {"batch_size": 2, "eval_batch_size": 4, "curve_every": 2, "curve_segments": 2, "checkpoint_every": 3},
 }
 
@@ -79,13 +80,15 @@ def tiny(tmp_path_factory):
         data = merge({**RUN, "stream": str(stream), "runs_root": str(runs)}, overrides)
         return write_yaml(Path(path), data)
 
-    return SimpleNamespace(root=root, stream=stream, runs=runs, config=config, run_cli=run_cli)
+    return SimpleNamespace(root=root, stream=stream, runs=runs, config=config, run_cli=run_cli,
+                           stream_spec=STREAM, write_yaml=write_yaml)
 
 
 @pytest.fixture(scope="session")
 def tiny_base(tiny):
     """The pretrained tiny base (pretrained once per session into the shared runs root)."""
-    from experiments.pretrain import ensure_base, load_setup
+    from experiments.base import ensure_base
+    from experiments.setup import load_setup
 
     setup = load_setup(tiny.config(tiny.root / "base.yaml"))
     path, record, _, _ = ensure_base(setup, progress_bar=False, say=lambda _: None)

@@ -1,4 +1,5 @@
 """Bad input: each a clear error naming the problem, and nothing overwritten."""
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -7,10 +8,11 @@ import torch
 
 import strategies
 from cl_platform.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from cl_platform.engine import RunDirError, RunStopped
+from cl_platform.engine import RunDirError
 from cl_platform.results import RunResults
-from cl_platform.run_config import ConfigError
+from cl_platform.check import ConfigError
 from cl_platform.strategy import Strategy
+from cl_platform.trainer import RunStopped
 from experiments.cli import main as cli_main
 from experiments.run import execute
 
@@ -118,13 +120,10 @@ def test_resume_on_a_folder_of_another_config_is_refused(tiny, tiny_base, tmp_pa
 
 
 def test_run_checkpoint_of_another_model_is_refused(tiny_base, tmp_path):
-    from cl_platform.model import ModelConfig
-
     cfg = tiny_base.setup.model_config
     path = tmp_path / "last.ckpt"
     save_checkpoint(path, "run", cfg, {"model": {}})
-    other = ModelConfig.preset("small", vocab_size=cfg.vocab_size, n_layer=2, d_model=64, n_head=2, fwpkm_layers=[0],
-                               fwpkm={"num_subkeys": 16, "d_key": 32, "d_value": 32, "chunk": 16})
+    other = dataclasses.replace(cfg, n_layer=2, fwpkm_layers=[0])
     with pytest.raises(CheckpointError, match=r"fwpkm_layers is \[1\] in the checkpoint, \[0\] in this run"):
         load_checkpoint(path, "run", other)
     with pytest.raises(CheckpointError, match="holds a 'run' checkpoint, expected 'base'"):

@@ -7,7 +7,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cl_platform.pretrain import Pretrainer, unigram_losses
-from experiments.pretrain import ensure_base, load_setup, pretrain_key
+from experiments.base import ensure_base
+from experiments.setup import base_key, load_setup
 
 
 def test_base_beats_the_unigram_model_clearly(tiny_base):
@@ -34,7 +35,7 @@ def test_second_request_uses_the_cache(tiny, tiny_base):
     assert cached and path == tiny_base.path and record == tiny_base.record
     assert said and said[0].startswith("base model: cached")
     other = load_setup(tiny.config(tiny.root / "other.yaml", pretrain={"lr": 1e-3}))
-    assert pretrain_key(other) != pretrain_key(setup)
+    assert base_key(other) != base_key(setup)
 
 
 def test_unigram_loss_is_the_smoothed_cross_entropy():

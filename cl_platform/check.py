@@ -1,0 +1,95 @@
+"""The one validation idiom of every config dataclass (`check(...)` in `__post_init__`), and the
+one YAML reader of run and stream configs (`read_yaml`).
+
+    @dataclass
+    class FwPKMConfig:
+        topk: int = 8
+        def __post_init__(self):
+            check(isinstance(self.topk, int) and self.topk >= 1, self, "topk", "must be a positive int")
+
+A failed check raises `ConfigError` naming the class and field (`FwPKMConfig.topk=0: must be a
+positive int`). The configuration loader (`cl_platform.config`) builds the tree section by section
+and re-raises with the dotted path a user wrote (`run config field 'model.fwpkm.topk': 0 must be a
+positive int`), so the same check serves Python users and YAML / command-line users.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. `field` is its name in the owning dataclass (or its dotted
+    path once the loader knows where it sits); `value` and `why` say what is wrong."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: Any = None, why: str | None = None,
+                 owner: str | None = None):
+        super().__init__(message)
+        self.field, self.value, self.why, self.owner = field, value, why, owner
+
+    def at(self, path: str) -> "ConfigError":
+        """The same error, reported at dotted path `path` + '.' + field."""
+        if self.field is None:
+            return ConfigError(f"run config field '{path}': {self}", field=path)
+        where = f"{path}.{self.field}" if path else self.field
+        return ConfigError(f"run config field '{where}': {self.value!r} {self.why}", field=where,
+                           value=self.value, why=self.why)
+
+
+def check(ok: bool, owner: Any, field: str, why: str) -> None:
+    """Raise `ConfigError` for `owner.field` unless `ok`."""
+    if not ok:
+        value = getattr(owner, field)
+        name = type(owner).__name__
+        raise ConfigError(f"{name}.{field}={value!r}: {why}", field=field, value=value, why=why, owner=name)
+
+
+def is_int(value: Any, low: int | None = None) -> bool:
+    """An int (not a bool) that is ≥ `low` when given."""
+    return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
+
+
+def is_number(value: Any, low: float | None = None, strict: bool = False) -> bool:
+    """A finite int or float (not a bool), ≥ `low` (> with `strict`) when given."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return low is None or (value > low if strict else value >= low)
+
+
+def check_keys(cls: type, data: Any, where: str) -> None:
+    """A YAML mapping destined for dataclass `cls` is a mapping and uses only its field names
+    (for configs built by hand rather than through `cl_platform.config`: the stream files)."""
+    from dataclasses import fields
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}", field=where)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(known)}", field=where)
+
+
+def from_mapping(cls: type, data: Any, where: str) -> Any:
+    """Dataclass `cls` from a flat YAML mapping, its keys checked first."""
+    check_keys(cls, data, where)
+    return cls(**data)
+
+
+def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
+    """The one YAML reader (run and stream configs): a mapping, or an error naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a {what} must be a mapping of fields, got {type(data).__name__}")
+    return data

@@ -1,0 +1,335 @@
+"""The run configuration: one typed tree, loaded by one loader, overridable by dotted paths.
+
+    cfg = load_config("experiments/default.yaml", ["cl.fwpkm.lr_values=0.3", "seed=1"])
+    cfg.cl.mode                      # "fast"
+    cfg.cl.fwpkm.lr_values           # 0.3: the continual phase's write rule
+    cfg.pretrain.fwpkm.lr_values     # 1.0: the base model's (unchanged, so the base is reused)
+
+Sections (every field has a default; a YAML file and the command line change only what they name):
+
+    stream:          path of the stream YAML (from a YAML file: relative to that file's folder;
+                     from the command line: relative to the working directory)
+    order:           experience order (domain names, repeats allowed); null = the stream's own
+    model:           the architecture (`cl_platform.model.ModelConfig`); `model.preset` chooses the
+                     defaults the other model fields start from
+    pretrain:        the base model's training (PretrainConfig), its write rule in `pretrain.fwpkm`
+    base_checkpoint: a base model to start from instead of pretraining (null = pretrain, or reuse
+                     the cached base built from exactly this architecture, pretraining and data)
+    cl:              the continual-learning phase (CLConfig); its write rule `cl.fwpkm` defaults to
+                     `pretrain.fwpkm`, and `cl.fwpkm_by_layer.<layer>` (e.g. `fwpkm3`) to `cl.fwpkm`
+    strategy:        {name: naive, kwargs: {}} (a name registered in `strategies.STRATEGIES`)
+    seed:            seed of the continual-learning phase (finetune randomness, strategies)
+    name:            run name prefix (null = the config file's stem)
+    runs_root:       where run folders go (relative to the working directory)
+
+Merging, type conversion and the dotted-path syntax are OmegaConf's (structured configs): a
+command-line value is parsed as YAML (`order=[math,law]`, `model.mixer=full`, `cl.fwpkm.lookahead=false`),
+checked against the field's type, and an unknown key is an error naming it and the nearest valid
+keys. Value constraints are each dataclass's own `__post_init__` checks (cl_platform/check.py),
+reported at their dotted path: `run config field 'cl.mode': 'fastt' ...`.
+
+The resolved tree (`to_yaml`) is what a run folder stores: loading it again gives the same tree,
+and so the same run. Run and base identities are built from it in `experiments/setup.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from cl_platform.check import ConfigError, check, is_int, is_number, read_yaml
+from cl_platform.fwpkm import WriteRule
+from cl_platform.memory_policy import POLICIES
+from cl_platform.model import PRESETS, ModelConfig
+from cl_platform.results import Mode
+
+__all__ = ["ConfigError", "PretrainConfig", "CLConfig", "StrategyConfig", "RunConfig", "load_config",
+           "read_yaml", "to_yaml", "config_hash", "dict_diff"]
+
+
+@dataclass
+class PretrainConfig:
+    """Base model: slow weights trained through the fast-weight writes on the mixture of every
+    domain's `pretrain` split (shuffled segments), AdamW with warm-up and cosine decay."""
+
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 1.5e-3
+    warmup_steps: int = 30
+    min_lr_ratio: float = 0.1  # cosine decays to lr · min_lr_ratio at the last step
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # max global norm of the dense gradients; 0 = off
+    seed: int = 0  # initialisation and data order of the base model
+    fwpkm: WriteRule = field(default_factory=WriteRule)  # how the memory writes while the base trains
+    log_every: int = 5
+    eval_every: int = 50  # steps between evaluations of the loss curve on the eval splits
+    eval_segments: int = 4  # segments per domain in those evaluations (the final one uses all)
+    checkpoint_every: int = 50
+
+    # Fields that change when and how progress is reported, never the weights.
+    REPORTING: typing.ClassVar[tuple[str, ...]] = ("log_every", "eval_every", "eval_segments", "checkpoint_every")
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", *self.REPORTING):
+            check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
+        check(is_int(self.warmup_steps, 0), self, "warmup_steps", "must be an int >= 0")
+        check(is_number(self.lr, 0.0, strict=True), self, "lr", "must be a finite number > 0")
+        for name in ("weight_decay", "grad_clip"):
+            check(is_number(getattr(self, name), 0.0), self, name, "must be a finite number >= 0")
+        check(is_number(self.min_lr_ratio, 0.0) and self.min_lr_ratio <= 1, self, "min_lr_ratio", "must be in [0, 1]")
+        check(is_int(self.seed), self, "seed", "must be an int")
+        check(isinstance(self.fwpkm, WriteRule), self, "fwpkm", "must be a WriteRule")
+
+
+# Used by the outer optimiser only: in 'fast' mode nothing reads them.
+FINETUNE_ONLY = ("lr", "weight_decay", "grad_clip")
+
+
+@dataclass
+class CLConfig:
+    """The continual-learning phase: one pass over each experience's `adapt` data, in order.
+
+    mode 'fast' (the FwPKM paper's protocol): slow weights frozen, writes on, the memory carries
+    over from domain to domain. mode 'finetune': slow weights trained too (AdamW, constant lr),
+    fast weights active, memory carried over. The memory writes by `fwpkm` (per layer:
+    `fwpkm_by_layer`), whatever the base was pretrained with.
+    """
+
+    mode: Mode = "fast"
+    eval_memory: str = "frozen"  # evaluation memory policy, a name in cl_platform.memory_policy.POLICIES
+    fwpkm: WriteRule = field(default_factory=WriteRule)  # the loader defaults it to pretrain.fwpkm
+    fwpkm_by_layer: dict[str, WriteRule] = field(default_factory=dict)  # {"fwpkm3": rule}: one layer's own
+    batch_size: int = 8
+    eval_batch_size: int = 16
+    lr: float = 3e-4  # finetune only
+    weight_decay: float = 0.0  # finetune only
+    grad_clip: float = 1.0  # finetune only; 0 = off
+    curve_every: int = 4  # steps between forgetting-curve evaluations (every domain)
+    curve_segments: int = 2  # segments per domain in a forgetting-curve evaluation
+    checkpoint_every: int = 10  # steps between resumable checkpoints (and one after every row)
+    log_every: int = 1  # steps between training-loss / memory-statistics logs
+    devices: int = 1  # > 1: Lightning DDP over CPU processes (gloo); finetune mode only
+
+    # Fields that change when and how progress is reported and saved, never the results.
+    REPORTING: typing.ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every")
+
+    def __post_init__(self) -> None:
+        check(self.mode in typing.get_args(Mode), self, "mode", f"is not one of {list(typing.get_args(Mode))}")
+        check(self.eval_memory in POLICIES, self, "eval_memory", f"is not one of {sorted(POLICIES)}")
+        for name in ("batch_size", "eval_batch_size", "curve_every", "curve_segments", "checkpoint_every",
+                     "log_every", "devices"):
+            check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
+        check(is_number(self.lr, 0.0, strict=True), self, "lr", "must be a finite number > 0")
+        for name in ("weight_decay", "grad_clip"):
+            check(is_number(getattr(self, name), 0.0), self, name, "must be a finite number >= 0")
+        check(isinstance(self.fwpkm, WriteRule), self, "fwpkm", "must be a WriteRule")
+        check(isinstance(self.fwpkm_by_layer, dict) and all(isinstance(r, WriteRule) for r in self.fwpkm_by_layer.values()),
+              self, "fwpkm_by_layer", "must map layer names (fwpkm<index>) to write rules")
+        # Fast mode trains no slow weights, so there is nothing for data parallelism to
+        # synchronise but the writes; one process streams the same data just as well.
+        check(self.devices == 1 or self.mode == "finetune", self, "devices", "> 1 needs cl.mode 'finetune'")
+        if self.mode == "fast":
+            defaults = CLConfig.__dataclass_fields__
+            for name in FINETUNE_ONLY:
+                # A value nothing reads would still mint a new run: refuse it instead.
+                check(getattr(self, name) == defaults[name].default, self, name,
+                      "is used in finetune mode only (fast mode trains no slow weights); remove it")
+
+    def write_rules(self, layer_names: Sequence[str]) -> dict[str, WriteRule]:
+        """The rule every FwPKM layer writes by in this phase."""
+        return {name: self.fwpkm_by_layer.get(name, self.fwpkm) for name in layer_names}
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "naive"
+    # Constructor arguments of the named strategy: checked against its signature when the run is
+    # set up (experiments/setup.py), since only the strategies package knows them.
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.name, str) and bool(self.name), self, "name", "must be a non-empty string")
+        check(isinstance(self.kwargs, dict), self, "kwargs", "must be a mapping of constructor arguments")
+
+
+@dataclass
+class RunConfig:
+    stream: str = "streams/default.yaml"
+    order: list[str] | None = None
+    model: ModelConfig = field(default_factory=lambda: ModelConfig.from_preset("small"))
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    base_checkpoint: str | None = None
+    cl: CLConfig = field(default_factory=CLConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    seed: int = 0
+    name: str | None = None
+    runs_root: str = "runs"
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.stream, str) and bool(self.stream), self, "stream", "must be the path of a stream YAML")
+        check(self.order is None or (isinstance(self.order, list) and bool(self.order)
+                                     and all(isinstance(d, str) for d in self.order)),
+              self, "order", "must be a non-empty list of domain names, or null")
+        check(self.model.vocab_size is None, self, "model", "vocab_size is set from the tokenizer; remove it")
+        layers = [f"fwpkm{i}" for i in self.model.fwpkm_layers]
+        unknown = sorted(set(self.cl.fwpkm_by_layer) - set(layers))
+        if unknown:
+            raise ConfigError(f"run config field 'cl.fwpkm_by_layer.{unknown[0]}': not an FwPKM layer of this "
+                              f"model; its FwPKM layers are {layers}", field=f"cl.fwpkm_by_layer.{unknown[0]}")
+        check(is_int(self.seed), self, "seed", "must be an int")
+        check(self.base_checkpoint is None or (isinstance(self.base_checkpoint, str) and bool(self.base_checkpoint)),
+              self, "base_checkpoint", "must be a path or null")
+        check(self.name is None or (isinstance(self.name, str) and bool(self.name) and "/" not in self.name),
+              self, "name", "must be a non-empty string without '/', or null")
+        check(isinstance(self.runs_root, str) and bool(self.runs_root), self, "runs_root", "must be a path")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- loading --------------------------------------------------------------------------------------
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a run YAML, apply dotted `key=value` overrides, resolve defaults and paths, validate.
+
+    Errors name the file (or the override) and the field; `stream` and `base_checkpoint` come
+    back absolute.
+    """
+    from omegaconf import OmegaConf
+
+    path = Path(path)
+    raw = read_yaml(path, "run config")
+    try:
+        cli = OmegaConf.from_dotlist([str(o) for o in overrides])
+    except Exception as err:  # OmegaConf raises its own grammar errors
+        raise ConfigError(f"command-line override: {_first_line(err)} (expected key=value, e.g. seed=1)") from None
+    bad = [o for o in overrides if "=" not in str(o)]
+    if bad:
+        raise ConfigError(f"command-line override {bad[0]!r}: expected key=value, e.g. cl.fwpkm.lr_values=0.3")
+    try:
+        return _resolve(raw, cli, path)
+    except ConfigError as err:
+        where = "command line" if _names_override(err, cli) else str(path)
+        raise ConfigError(f"{where}: {err}", field=err.field) from None
+
+
+def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
+    from omegaconf import OmegaConf
+
+    user = OmegaConf.merge(OmegaConf.create(raw), cli)  # untyped layering: file, then command line
+    model = user.get("model")
+    preset = model.get("preset", "small") if model is not None and OmegaConf.is_dict(model) else "small"
+    if preset not in PRESETS:
+        raise ConfigError(f"run config field 'model.preset': {preset!r} is not one of {sorted(PRESETS)}",
+                          field="model.preset")
+    schema = OmegaConf.structured(RunConfig(model=ModelConfig.from_preset(preset)))
+    merged = _typed_merge(schema, user)
+    # Write-rule defaults follow the tree: cl.fwpkm starts from pretrain.fwpkm, and each
+    # cl.fwpkm_by_layer entry from cl.fwpkm, so an override names only what it changes.
+    schema.cl.fwpkm = merged.pretrain.fwpkm
+    merged = _typed_merge(schema, user)
+    schema.cl.fwpkm_by_layer = {name: merged.cl.fwpkm for name in merged.cl.fwpkm_by_layer}
+    merged = _typed_merge(schema, user)
+    cfg = _build(RunConfig, merged, "")
+    # Paths in the YAML file are relative to its folder; paths on the command line to the working directory.
+    for key in ("stream", "base_checkpoint"):
+        value = getattr(cfg, key)
+        if value is not None:
+            base = Path.cwd() if OmegaConf.select(cli, key) is not None else path.resolve().parent
+            setattr(cfg, key, str((base / Path(value).expanduser()).resolve()))
+    return cfg
+
+
+def _typed_merge(schema: Any, user: Any) -> Any:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    try:
+        return OmegaConf.merge(schema, user)
+    except ConfigKeyError as err:
+        where = err.full_key or str(err.key)
+        parent = where.rsplit(".", 1)[0] if "." in where else ""
+        valid = _keys_at(schema, parent)
+        near = difflib.get_close_matches(str(err.key), valid, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+        raise ConfigError(f"run config: unknown field '{where}'{hint} Valid fields of "
+                          f"'{parent or '<root>'}': {valid}", field=where) from None
+    except ValidationError as err:
+        where = err.full_key or "<root>"
+        raise ConfigError(f"run config field '{where}': {_first_line(err)}", field=where) from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"run config: {_first_line(err)}", field=getattr(err, "full_key", None)) from None
+
+
+def _keys_at(schema: Any, dotted: str) -> list[str]:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(schema, dotted) if dotted else schema
+    return sorted(str(k) for k in node.keys()) if OmegaConf.is_dict(node) else []
+
+
+def _build(cls: type, node: Any, where: str) -> Any:
+    """Dataclass `cls` from a merged node, children first; a failed check is re-raised at its path."""
+    from omegaconf import OmegaConf
+
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value, kind = node[f.name], hints[f.name]
+        sub = f"{where}.{f.name}" if where else f.name
+        item = typing.get_args(kind)[1] if typing.get_origin(kind) is dict else None
+        if dataclasses.is_dataclass(kind):
+            kwargs[f.name] = _build(kind, value, sub)
+        elif item is not None and dataclasses.is_dataclass(item):
+            kwargs[f.name] = {str(k): _build(item, v, f"{sub}.{k}") for k, v in value.items()}
+        else:
+            kwargs[f.name] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise err.at(where) from None
+
+
+def _names_override(err: ConfigError, cli: Any) -> bool:
+    from omegaconf import OmegaConf
+
+    return bool(err.field) and OmegaConf.select(cli, err.field, default=None) is not None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    """The resolved tree as YAML; `load_config` on it gives `cfg` back."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+# --- identity ---------------------------------------------------------------------------------------
+def config_hash(identity: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of `identity` (sorted keys, no whitespace)."""
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dict_diff(old: Any, new: Any, where: str = "") -> list[str]:
+    """Human-readable differences between two JSON-like values, one line per leaf."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        lines = []
+        for key in sorted(set(old) | set(new), key=str):
+            sub = f"{where}.{key}" if where else str(key)
+            if key not in old:
+                lines.append(f"{sub}: absent before, now {new[key]!r}")
+            elif key not in new:
+                lines.append(f"{sub}: was {old[key]!r}, now absent")
+            else:
+                lines += dict_diff(old[key], new[key], sub)
+        return lines
+    return [] if old == new else [f"{where or '<root>'}: was {old!r}, now {new!r}"]

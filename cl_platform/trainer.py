@@ -1,0 +1,102 @@
+"""Trainer plumbing shared by pretraining and the continual-learning runner.
+
+    trainer = make_trainer(devices=1, callbacks=[StepHooks(on_step)], logger=logger, progress_bar=True)
+    trainer.fit(module, train_dataloaders=loader)
+
+Both runners use a fresh Trainer for every fit and every evaluation (a Trainer that has reached
+`max_steps` trains nothing more), count progress in their own run step (`LMModule.position.step`),
+and hear about every finished batch through `StepHooks`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import lightning as L
+from lightning.pytorch.callbacks import Checkpoint
+from torch.utils.data import DataLoader, Subset
+
+from cl_platform.callbacks import ExperienceProgressBar
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on a non-finite loss; the message names the step and the last good checkpoint."""
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's advice that does not apply here (CPU only, in-memory segments, and
+    fast mode deliberately has no optimiser)."""
+    for pattern in (
+        ".*does not have many workers.*",
+        ".*returned `None`, this fit will run with no optimizer.*",
+        ".*GPU available but not used.*",
+        ".*The number of training batches.*is smaller than the logging interval.*",
+        ".*Consider setting `persistent_workers=True`.*",
+        ".*You defined a `validation_step` but have no `val_dataloader`.*",
+        ".*Total length of `.*` across ranks is zero.*",
+        ".*module\\(s\\) in eval mode at the start of training.*",  # fast mode adapts in eval mode on purpose
+        ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+    ):
+        warnings.filterwarnings("ignore", pattern)
+    import logging
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+                 "lightning.fabric.utilities.distributed", "lightning.pytorch.strategies.ddp"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def make_trainer(devices: int, callbacks: list, logger: Any, progress_bar: bool, shard_data: bool = True) -> L.Trainer:
+    """A fresh Trainer for one fit or one evaluation. devices > 1: DDP over CPU processes with
+    gloo; buffers are not broadcast (the FwPKM layers sum their writes over ranks themselves, so
+    every rank holds the same memory; broadcasting rank 0's would hide a divergence).
+    `shard_data=False` lets every rank read all of its data (evaluations: every rank computes the
+    whole results row, no reduction needed)."""
+    strategy: Any = "auto"
+    if devices > 1:
+        from lightning.pytorch.strategies import DDPStrategy
+
+        strategy = DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)
+    if progress_bar:
+        callbacks = [*callbacks, ExperienceProgressBar()]
+    return L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_epochs=1,
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=any(isinstance(c, Checkpoint) for c in callbacks),
+        enable_progress_bar=progress_bar,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        inference_mode=False,  # the `stream` memory policy writes in place during evaluation
+        use_distributed_sampler=shard_data,
+        log_every_n_steps=1,
+    )
+
+
+def subset_loaders(loaders: dict[str, DataLoader], segments: int, batch_size: int) -> dict[str, DataLoader]:
+    """The first `segments` segments of each loader's dataset, in order."""
+    return {
+        name: DataLoader(Subset(loader.dataset, range(min(segments, len(loader.dataset)))), batch_size=batch_size)
+        for name, loader in loaders.items()
+    }
+
+
+
+class StepHooks(Checkpoint):
+    """Calls `on_step(step)` after every training batch with the run's step. A `Checkpoint`
+    subclass, so Lightning runs it after every other callback: loggers see the batch first, and a
+    checkpoint written here holds everything the batch produced."""
+
+    def __init__(self, on_step: Callable[[int], None], on_start: Callable[[L.Trainer], None] | None = None):
+        self.on_step = on_step
+        self.on_start = on_start
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.on_start is not None:
+            self.on_start(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.on_step(pl_module.position.step)

@@ -1,0 +1,159 @@
+"""From a run config to what a run needs: the stream, the model, the strategy and the identities.
+
+    setup = load_setup("experiments/default.yaml", ["cl.fwpkm.lr_values=0.3"])
+    setup.model_config                 # the architecture, vocabulary from the stream's tokenizer
+    key = base_key(setup)              # names the cached base model (runs/pretrain-<key[:12]>)
+    fields = run_identity(setup, {"source": "pretrain", "key": key})   # hashed into the run folder
+
+Two identities, each covering exactly what changes its result:
+- the **base key**: the architecture, the pretraining settings that affect the weights (the
+  pretraining write rule included), the pretraining tokens of the domains that have any (in name
+  order, as the mixture is built), and the tokenizer. Not the continual phase, not domains without
+  pretraining tokens, not the order a stream file lists its domains.
+- the **run identity**: the resolved config without the fields that say where things are or how
+  progress is reported, with the base key standing for the pretraining section, the write rule
+  every FwPKM layer uses in the continual phase, and fingerprints of the data the phase reads.
+  Fields that cannot affect a run in its mode are refused by the config (`cl.lr` in fast mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from cl_platform.check import ConfigError
+from cl_platform.checkpoint import model_config_dict
+from cl_platform.config import FINETUNE_ONLY, CLConfig, PretrainConfig, RunConfig, config_hash, load_config
+from cl_platform.fwpkm import WriteRule
+from cl_platform.model import FwPKMLM, ModelConfig
+
+# Fields that say where things are, not what is computed (the order is in the data fingerprint).
+WHERE_FIELDS = ("stream", "base_checkpoint", "name", "runs_root", "order")
+
+
+@dataclass
+class Setup:
+    """A run config with its stream loaded and its architecture resolved."""
+
+    config: RunConfig
+    config_path: Path
+    scenario: Any
+    model_config: ModelConfig
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [f"fwpkm{i}" for i in self.model_config.fwpkm_layers]
+
+
+def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
+    """Read the run config (with dotted overrides) and build its stream; errors name file and field."""
+    from streams import build_stream, load_stream_config
+
+    path = Path(config_path)
+    cfg = load_config(path, overrides)
+    try:
+        stream_cfg = load_stream_config(cfg.stream)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: run config field 'stream': {cfg.stream} does not exist") from None
+    except ValueError as err:  # the stream YAML's own validation, which names its file and field
+        raise ConfigError(f"{path}: run config field 'stream': {err}") from None
+    if cfg.order is not None:
+        try:
+            stream_cfg = dataclasses.replace(stream_cfg, order=list(cfg.order))
+        except ValueError as err:
+            raise ConfigError(f"{path}: run config field 'order': {err}") from None
+    scenario = build_stream(stream_cfg)
+    model_config = dataclasses.replace(cfg.model, vocab_size=scenario.tokenizer.vocab_size)
+    return Setup(cfg, path, scenario, model_config)
+
+
+def build_model(model_config: ModelConfig, seed: int, rule: WriteRule | None = None) -> FwPKMLM:
+    """The model with slow weights and fast state initialised from `seed`."""
+    torch.manual_seed(seed)
+    return FwPKMLM(model_config, rule)
+
+
+def make_strategy(setup: Setup):
+    """The configured strategy object; an unknown name or bad arguments name the field."""
+    from strategies import get_strategy
+
+    spec = setup.config.strategy
+    try:
+        return get_strategy(spec.name, **spec.kwargs)
+    except ValueError as err:
+        raise ConfigError(f"{setup.config_path}: run config field 'strategy.name': {err}") from None
+    except TypeError as err:  # constructor arguments that do not fit
+        raise ConfigError(f"{setup.config_path}: run config field 'strategy.kwargs' {spec.kwargs!r}: {err}") from None
+
+
+# --- the base model's identity ----------------------------------------------------------------------
+def pretrain_fingerprint(scenario) -> str:
+    """sha256 of the packed pretraining tokens of every domain that has any, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(scenario.domains):
+        split = scenario.domains[name].splits["pretrain"]
+        if not split.n_docs:
+            continue  # contributes nothing to the mixture, so nothing to the key
+        h.update(name.encode("utf-8") + b"\0")
+        h.update(split.segments.tokens.numpy().tobytes())
+    return h.hexdigest()
+
+
+def base_key(setup: Setup) -> str:
+    settings = dataclasses.asdict(setup.config.pretrain)
+    for name in PretrainConfig.REPORTING:
+        settings.pop(name)
+    return config_hash({
+        "model": model_config_dict(setup.model_config),
+        "pretrain": settings,
+        "data": pretrain_fingerprint(setup.scenario),
+        "tokenizer": setup.scenario.tokenizer.fingerprint,
+    })
+
+
+# --- the run's identity --------------------------------------------------------------------------------
+def stream_fingerprint(scenario) -> str:
+    """sha256 of what the continual phase reads: each experience's adapt tokens, every eval split."""
+    h = hashlib.sha256()
+    for exp in scenario:
+        h.update(f"adapt:{exp.domain}\0".encode("utf-8"))
+        h.update(exp.data.segments.tokens.numpy().tobytes())
+    for name in scenario.eval_domains:
+        h.update(f"eval:{name}\0".encode("utf-8"))
+        h.update(scenario.domains[name].splits["eval"].segments.tokens.numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_identity(setup: Setup, base: dict[str, str]) -> dict[str, Any]:
+    """Everything the results depend on, and nothing about where files are or how progress is shown."""
+    cfg = setup.config.to_dict()
+    for name in WHERE_FIELDS:
+        cfg.pop(name)
+    cfg.pop("pretrain")  # the base key (or the given checkpoint's) stands for it
+    cfg.pop("model")  # the resolved architecture below has the vocabulary too
+    cl = cfg["cl"]
+    for name in CLConfig.REPORTING + ("fwpkm", "fwpkm_by_layer"):
+        cl.pop(name)
+    if setup.config.cl.mode == "fast":
+        for name in FINETUNE_ONLY:
+            cl.pop(name)
+    rules = setup.config.cl.write_rules(setup.layer_names)
+    scenario = setup.scenario
+    return {
+        "config": cfg,
+        "model": model_config_dict(setup.model_config),
+        "write_rules": {name: dataclasses.asdict(rule) for name, rule in rules.items()},
+        "data": {
+            "experiences": [exp.domain for exp in scenario],
+            "eval_domains": list(scenario.eval_domains),
+            "seq_len": scenario.config.seq_len,
+            "stream": stream_fingerprint(scenario),
+            "tokenizer": scenario.tokenizer.fingerprint,
+        },
+        "base": base,
+    }

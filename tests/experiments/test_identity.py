@@ -1,0 +1,76 @@
+"""Identities: the base key covers what determines the base's weights, the run hash what changes
+the run's results, and a run folder's config.yaml re-runs to the same run."""
+import json
+
+import yaml
+
+from experiments.run import execute
+from experiments.setup import base_key, load_setup, run_identity
+
+
+def quiet(_):
+    pass
+
+
+def test_a_continual_write_rule_change_reuses_the_cached_base(tiny, tiny_base, tmp_path):
+    said = []
+    folder, results, runner = execute(tiny.config(tmp_path / "eta.yaml", order=["code"]),
+                                      ["cl.fwpkm.lr_values=0.25", "cl.fwpkm.chunk=8"],
+                                      progress_bar=False, say=said.append)
+    assert base_key(load_setup(tiny.config(tmp_path / "k.yaml"), ["cl.fwpkm.lr_values=0.25"])) == \
+        base_key(tiny_base.setup)
+    assert any(line.startswith(f"base model: cached {tiny_base.path}") for line in said), said
+    assert not any("pretraining" in line for line in said)
+    # The phase really wrote with its own rule, on the base's architecture (window 16 ≠ chunk 8).
+    layer = runner.module.model.fwpkm_layers()[0]
+    assert (layer.rule.lr_values, layer.rule.chunk, runner.module.model.config.window) == (0.25, 8, 16)
+    identity = json.loads((folder / "run.json").read_text())["identity"]
+    assert identity["write_rules"]["fwpkm1"]["lr_values"] == 0.25
+    assert identity["base"]["key"] == base_key(tiny_base.setup)
+    assert results.matrix.is_complete
+
+
+def test_the_base_key_ignores_domains_without_pretraining_tokens_and_the_listing_order(tiny, tiny_base, tmp_path):
+    law = {"name": "law", "source": "corpus:law", "filters": {"max_documents": 20},
+           "token_budget": {"pretrain": 0, "adapt": 384, "eval": 256}}
+    spec = {**tiny.stream_spec, "cache_dir": str(tiny.root / "cache")}
+    more = tiny.write_yaml(tmp_path / "more.yaml", {**spec, "domains": [*spec["domains"], law]})
+    swapped = tiny.write_yaml(tmp_path / "swapped.yaml", {**spec, "domains": spec["domains"][::-1]})
+    key = base_key(tiny_base.setup)
+    assert base_key(load_setup(tiny.config(tmp_path / "a.yaml", stream=str(more)))) == key
+    assert base_key(load_setup(tiny.config(tmp_path / "b.yaml", stream=str(swapped)))) == key
+    # What does determine the weights changes it: the pretraining write rule, the architecture.
+    assert base_key(load_setup(tiny.config(tmp_path / "c.yaml"), ["pretrain.fwpkm.lr_values=0.5"])) != key
+    assert base_key(load_setup(tiny.config(tmp_path / "d.yaml"), ["model.window=8"])) != key
+
+
+def test_the_run_hash_follows_what_changes_results_only(tiny, tiny_base, tmp_path):
+    path = tiny.config(tmp_path / "h.yaml", order=["code"])
+    base = {"source": "pretrain", "key": base_key(tiny_base.setup)}
+
+    def identity(*overrides):
+        return run_identity(load_setup(path, overrides), base)
+
+    plain = identity()
+    assert identity("cl.checkpoint_every=7", "cl.log_every=3", "name=other", "pretrain.eval_every=9") == plain
+    # A per-layer rule equal to the phase's rule is the same run; a different one is not.
+    assert identity("cl.fwpkm_by_layer.fwpkm1.chunk=16") == plain
+    assert identity("cl.fwpkm_by_layer.fwpkm1.chunk=8") != plain
+    assert identity("cl.fwpkm.lr_keys=0.5") != plain and identity("seed=1") != plain
+    finetune = identity("cl.mode=finetune")
+    assert identity("cl.mode=finetune", "cl.lr=0.001") != finetune  # read in finetune mode
+
+
+def test_overrides_round_trip_through_the_run_folder(tiny, tiny_base, tmp_path):
+    path = tiny.config(tmp_path / "trip.yaml", order=["code"])
+    overrides = ["cl.fwpkm.lookahead=false", "order=[code,math]", "cl.fwpkm_by_layer.fwpkm1.lr_values=0.5",
+                 "strategy.name=naive", "seed=3"]
+    folder, results, runner = execute(path, overrides, progress_bar=False, say=quiet)
+    assert runner is not None and results.matrix.experiences == ["code", "math"]
+    saved = yaml.safe_load((folder / "config.yaml").read_text())
+    assert saved["cl"]["fwpkm"]["lookahead"] is False and saved["seed"] == 3
+    assert saved["cl"]["fwpkm_by_layer"]["fwpkm1"]["lr_values"] == 0.5
+    said = []
+    again, same, runner = execute(folder / "config.yaml", progress_bar=False, say=said.append)
+    assert runner is None and again == folder and "already complete" in said[-1]
+    assert same.config_hash == results.config_hash
