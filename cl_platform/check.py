@@ -33,8 +33,9 @@ class ConfigError(ValueError):
 
     def at(self, path: str) -> "ConfigError":
         """The same error, reported at dotted path `path` + '.' + field."""
-        if self.field is None:
-            return ConfigError(f"run config field '{path}': {self}", field=path)
+        if self.field is None or self.why is None:
+            where = ".".join(p for p in (path, self.field) if p)
+            return ConfigError(f"run config field '{where}': {self}", field=where)
         where = f"{path}.{self.field}" if path else self.field
         return ConfigError(f"run config field '{where}': {self.value!r} {self.why}", field=where,
                            value=self.value, why=self.why)

@@ -182,8 +182,9 @@ class RunConfig:
         layers = [f"fwpkm{i}" for i in self.model.fwpkm_layers]
         unknown = sorted(set(self.cl.fwpkm_by_layer) - set(layers))
         if unknown:
-            raise ConfigError(f"run config field 'cl.fwpkm_by_layer.{unknown[0]}': not an FwPKM layer of this "
-                              f"model; its FwPKM layers are {layers}", field=f"cl.fwpkm_by_layer.{unknown[0]}")
+            why = f"is not an FwPKM layer of this model; its FwPKM layers are {layers}"
+            raise ConfigError(f"RunConfig.cl.fwpkm_by_layer: {unknown[0]!r} {why}", field=f"cl.fwpkm_by_layer.{unknown[0]}",
+                              value=unknown[0], why=why)
         check(is_int(self.seed), self, "seed", "must be an int")
         check(self.base_checkpoint is None or (isinstance(self.base_checkpoint, str) and bool(self.base_checkpoint)),
               self, "base_checkpoint", "must be a path or null")

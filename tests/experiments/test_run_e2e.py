@@ -1,7 +1,6 @@
 """`clp run` end to end on the tiny 2-domain stream: pretraining, both rows of the protocol,
 results.json, TensorBoard events read back, the printed report, and a second invocation."""
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +21,11 @@ def events(folder: Path) -> EventAccumulator:
 @pytest.mark.slow
 def test_tiny_stream_end_to_end(tiny):
     cfg = tiny.config(tiny.root / "e2e" / "e2e.yaml", runs_root=str(tiny.root / "e2e" / "runs"))
-    start = time.perf_counter()
+    # What a wall-time bound would stand for, counted instead: one pretraining of 150 steps,
+    # 6 steps per experience, and a second run that trains nothing (end of this test).
     proc = tiny.run_cli(["run", str(cfg)])
-    took = time.perf_counter() - start
-    assert took < 60, f"tiny end-to-end run took {took:.1f} s"
     out = proc.stdout
-    assert "base model: pretraining 150 steps" in out
+    assert out.count("base model: pretraining 150 steps") == 1
     folder = Path(re.search(r"run folder\s+(\S+)/", out).group(1))
     assert folder.name.startswith("e2e-") and (folder / "config.yaml").is_file()
 
