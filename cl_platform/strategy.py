@@ -33,7 +33,8 @@ Batch = Any
 
 @dataclass
 class StrategyContext:
-    """What a hook may look at. Built and kept current by the LightningModule.
+    """What a hook may look at. Built by the runner for each experience; the LightningModule keeps
+    `global_step` current.
 
     model:        the network; its FwPKM layers expose the public slot knobs
     experience:   1-based index t of the current experience (results row t after it ends)
