@@ -10,6 +10,11 @@ Evaluation that silently keeps (or silently resets) test-time memory makes resul
             paper's stream-perplexity protocol), starting from the memory as it was before the
             evaluation; everything is restored before each domain and at the end, so domains do
             not see each other's writes and training never sees evaluation's.
+    reset   a control, not a protocol: as `frozen`, but every FwPKM layer's value table is first
+            re-drawn from its initial distribution (a fixed seed per layer, so every evaluation
+            sees the same fresh table); keys, slow weights and the rest stay. A run under `reset`
+            beside one under `frozen` shows how much of each row comes from what the memory's
+            values hold. Restored afterwards like the others.
 
     session = get_memory_policy("frozen").open(model)   # snapshot
     for domain, loader in loaders.items():
@@ -20,6 +25,7 @@ Evaluation that silently keeps (or silently resets) test-time memory makes resul
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -65,7 +71,22 @@ class StreamMemory(EvalMemoryPolicy):
     writes = True
 
 
-POLICIES: dict[str, type[EvalMemoryPolicy]] = {"frozen": FrozenMemory, "stream": StreamMemory}
+class ResetMemory(EvalMemoryPolicy):
+    """Same as `frozen` except that the fast values are re-drawn for the evaluation (a control)."""
+
+    name = "reset"
+    writes = False
+    SEED = 0  # the fresh table of layer i is drawn from a generator seeded SEED + i
+
+    def open(self, model: nn.Module) -> MemorySession:
+        session = MemorySession(model, self.writes)  # snapshot first: close() puts the values back
+        for i, layer in enumerate(model.fwpkm_layers()):
+            generator = torch.Generator(device=layer.values.device).manual_seed(self.SEED + i)
+            layer.reset_slots(torch.arange(layer.values.shape[0], device=layer.values.device), generator)
+        return session
+
+
+POLICIES: dict[str, type[EvalMemoryPolicy]] = {"frozen": FrozenMemory, "stream": StreamMemory, "reset": ResetMemory}
 
 
 def get_memory_policy(name: str) -> EvalMemoryPolicy:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cl_platform.fwpkm import FastWeightState, FwPKMConfig, WriteRule
-from cl_platform.memory_policy import POLICIES, FrozenMemory, StreamMemory, get_memory_policy
+from cl_platform.memory_policy import POLICIES, FrozenMemory, ResetMemory, StreamMemory, get_memory_policy
 from cl_platform.model import FwPKMLM, ModelConfig
 
 V = 37
@@ -105,5 +105,25 @@ def test_stream_starts_each_domain_from_the_saved_memory():
 
 
 def test_unknown_policy_names_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"unknown evaluation memory policy 'keep'; allowed: \['frozen', 'stream'\]"):
+    with pytest.raises(ValueError, match=r"unknown evaluation memory policy 'keep'; allowed: \['frozen', 'reset', 'stream'\]"):
         get_memory_policy("keep")
+
+
+def test_reset_reads_a_fresh_value_table_so_what_the_values_held_does_not_matter():
+    model = _model()
+    frozen = _evaluate(model, "frozen", DOMAINS)
+    reset = _evaluate(model, "reset", DOMAINS)
+    assert not torch.equal(frozen["a"][0], reset["a"][0])  # the values did carry something
+    # Another memory with the same keys but other values: the control sees no difference ...
+    other = _model()
+    with torch.no_grad():
+        for layer in other.fwpkm_layers():
+            layer.values.mul_(-3.0)
+    again = _evaluate(other, "reset", DOMAINS)
+    assert all(torch.equal(a, b) for name in DOMAINS for a, b in zip(reset[name], again[name]))
+    # ... and it is exactly `frozen` on the fresh table drawn from the documented seeds.
+    fresh = _model()
+    for i, layer in enumerate(fresh.fwpkm_layers()):
+        layer.reset_slots(torch.arange(layer.values.shape[0]), torch.Generator().manual_seed(ResetMemory.SEED + i))
+    by_hand = _evaluate(fresh, "frozen", DOMAINS)
+    assert all(torch.equal(a, b) for name in DOMAINS for a, b in zip(reset[name], by_hand[name]))
