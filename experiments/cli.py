@@ -6,6 +6,7 @@
     clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
     clp run CONFIG [key=value ...] [--resume] [--run-dir DIR]   the main job: stream the domains,
                                          results matrix
+    clp run CONFIG [key=value ...] --seeds 0,1,2 [--base-seeds 0,1,2]   one run per seed, mean ± std
 
 `key=value` overrides a config field by its dotted path (`cl.fwpkm.lr_values=0.3`, `seed=1`,
 `order=[math,law]`, `cl.fwpkm.lookahead=false`); values are YAML, checked against the field's type.
@@ -54,10 +55,24 @@ def _run(args: argparse.Namespace) -> int:
     from experiments.run import main
 
     try:
+        if args.seeds is not None or args.base_seeds is not None:
+            return _run_seeds(args)
         return main(config=args.config, overrides=args.overrides, resume=args.resume, run_dir=args.run_dir)
     except _run_errors() as err:
         print(f"clp run: error: {err}", file=sys.stderr)
         return 2
+
+
+def _run_seeds(args: argparse.Namespace) -> int:
+    from cl_platform.check import ConfigError
+    from experiments.seeds import parse_seeds, run_seeds
+
+    if args.run_dir is not None:
+        raise ConfigError("--run-dir cannot be combined with --seeds: every member run has its own folder")
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    base_seeds = parse_seeds(args.base_seeds, "--base-seeds") if args.base_seeds is not None else None
+    run_seeds(args.config, args.overrides, seeds, base_seeds)  # members always resume where they stopped
+    return 0
 
 
 def _pretrain(args: argparse.Namespace) -> int:
@@ -96,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides by dotted path, e.g. seed=1")
     run.add_argument("--resume", action="store_true", help="continue a killed run from its last checkpoint")
     run.add_argument("--run-dir", default=None, help="run folder (default: <runs_root>/<name>-<config hash>)")
+    run.add_argument("--seeds", default=None, metavar="0,1,2",
+                     help="one run per continual-phase seed, then mean ± std (experiments/seeds.py)")
+    run.add_argument("--base-seeds", default=None, metavar="0,1,2",
+                     help="one base model per seed (pretrain.seed), each with every --seeds seed")
     run.set_defaults(func=_run)
 
     pre = sub.add_parser("pretrain", help="train (or find cached) the base model of a run config")

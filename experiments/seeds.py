@@ -1,0 +1,79 @@
+"""`clp run CONFIG --seeds 0,1,2 [--base-seeds 0,1,2]`: one run per seed, then their mean ± std.
+
+    clp run experiments/default.yaml --seeds 0,1,2                    # continual-phase seeds, one base
+    clp run experiments/default.yaml --seeds 0 --base-seeds 0,1,2     # three bases (pretrain.seed)
+
+Each member is an ordinary run (its own folder, hash, TensorBoard events) made with the overrides
+`seed=<s>` and, with base seeds, `pretrain.seed=<b>`; the aggregate goes to
+`<runs_root>/<name>-seeds-<hash>/aggregate.json` (+ `aggregate.txt`), the hash taken over the
+members' hashes. Members are resumed where a kill left them, so the same command continues a
+stopped multi-seed job and finds finished members.
+
+In `fast` mode with the `naive` strategy nothing in the continual phase is random (the model is in
+eval mode and streams its data in order), so continual-phase seeds give identical runs: the
+spread that matters there comes from the base, `--base-seeds`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable, Sequence
+
+from analysis.aggregate import aggregate, format_aggregate
+from cl_platform.atomic import atomic_write_json, atomic_write_text
+from cl_platform.check import ConfigError
+from cl_platform.config import load_config
+
+
+def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
+    """'0,1,2' → [0, 1, 2]; empty lists, non-integers and repeats are errors naming the flag."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ConfigError(f"{flag}: empty seed list; give comma-separated ints, e.g. {flag} 0,1,2")
+    try:
+        seeds = [int(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: not a comma-separated list of ints") from None
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"{flag} {text!r}: seed(s) {repeated} repeated; a repeat would only copy a run")
+    return seeds
+
+
+def run_seeds(
+    config: str | Path,
+    overrides: Sequence[str],
+    seeds: Sequence[int] | None,
+    base_seeds: Sequence[int] | None = None,
+    progress_bar: bool = True,
+    say: Callable[[str], None] = print,
+) -> tuple[Path, dict]:
+    """Every (base seed, seed) member run, then the aggregate: (aggregate folder, aggregate)."""
+    from experiments.run import execute
+
+    cfg = load_config(config, overrides)  # a bad config fails here, before any member trains
+    seeds = list(seeds) if seeds is not None else [cfg.seed]
+    bases = list(base_seeds) if base_seeds is not None else [None]
+    members = [(b, s) for b in bases for s in seeds]
+    runs, labels, folders = [], [], []
+    for b, s in members:
+        label = f"seed {s}" if b is None else f"base {b} seed {s}"
+        extra = [f"seed={s}"] + ([] if b is None else [f"pretrain.seed={b}"])
+        say(f"--- {label} ({len(runs) + 1}/{len(members)})")
+        folder, results, _ = execute(config, [*overrides, *extra], resume=True, progress_bar=progress_bar, say=say)
+        runs.append(results)
+        labels.append(label)
+        folders.append(str(folder))
+    agg = aggregate(runs, labels)
+    agg["run_folders"] = folders
+    digest = hashlib.sha256("\0".join(agg["config_hashes"]).encode("utf-8")).hexdigest()
+    name = cfg.name or Path(config).stem
+    out = Path(cfg.runs_root) / f"{name}-seeds-{digest[:12]}"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "aggregate.json", agg)
+    text = format_aggregate(agg)
+    atomic_write_text(out / "aggregate.txt", text + "\n")
+    say(text)
+    say(f"aggregate: {out}/aggregate.json (members: {', '.join(folders)})")
+    return out, agg

@@ -1,0 +1,54 @@
+"""`clp run --seeds / --base-seeds`: one ordinary run per seed, an aggregate of them, bad lists refused."""
+import json
+
+import numpy as np
+import pytest
+
+from cl_platform.check import ConfigError
+from experiments.cli import main as cli_main
+from experiments.seeds import parse_seeds, run_seeds
+
+
+def quiet(_):
+    pass
+
+
+@pytest.mark.parametrize("text, words", [("", "empty seed list"), ("0,x", "not a comma-separated"),
+                                         ("1,2,1", "[1] repeated")])
+def test_bad_seed_lists_are_refused(text, words):
+    with pytest.raises(ConfigError) as info:
+        parse_seeds(text)
+    assert words in str(info.value)
+    assert parse_seeds(" 2, 0 ,1") == [2, 0, 1]
+
+
+def test_a_bad_list_or_config_stops_before_anything_runs(tiny, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    path = tiny.config(tmp_path / "s.yaml", runs_root=str(runs))
+    assert cli_main(["run", str(path), "--seeds", "0,0"]) == 2
+    assert "repeated" in capsys.readouterr().err
+    assert cli_main(["run", str(path), "cl.mdoe=fast", "--seeds", "0,1"]) == 2
+    assert "unknown field 'cl.mdoe'" in capsys.readouterr().err
+    assert not runs.exists()
+
+
+@pytest.mark.slow
+def test_base_seeds_give_their_own_bases_and_an_aggregate(tiny, tmp_path):
+    path = tiny.config(tmp_path / "agg.yaml", runs_root=str(tmp_path / "runs"), order=["code"],
+                       pretrain={"steps": 30, "eval_every": 30, "checkpoint_every": 30})
+    out, agg = run_seeds(path, [], seeds=[0], base_seeds=[0, 1], progress_bar=False, say=quiet)
+    assert agg["runs"] == ["base 0 seed 0", "base 1 seed 0"] and len(set(agg["config_hashes"])) == 2
+    assert len(list((tmp_path / "runs").glob("pretrain-*"))) == 2  # one base per base seed
+    members = [json.loads((tmp_path / "runs" / f.split("/")[-1] / "results.json").read_text())
+               for f in agg["run_folders"]]
+    rows = np.array([m["matrix"]["values"] for m in members], dtype=float)
+    np.testing.assert_allclose(agg["matrix_mean"], rows.mean(0))
+    np.testing.assert_allclose(agg["matrix_std"], rows.std(0, ddof=1))
+    assert (np.array(agg["matrix_std"]) > 0).all()  # different bases, different numbers
+    assert json.loads((out / "aggregate.json").read_text())["matrix_mean"] == agg["matrix_mean"]
+
+    # Fast mode draws nothing at random: continual-phase seeds on one base repeat the run exactly.
+    said = []
+    _, same = run_seeds(path, ["pretrain.seed=0"], seeds=[0, 1], progress_bar=False, say=said.append)
+    assert any("already complete" in line for line in said)  # seed 0 on base 0 was run above
+    assert np.all(np.array(same["matrix_std"]) == 0)
