@@ -8,8 +8,12 @@ Notation (see `cl_platform.results`):
     g         R oriented so that larger is better: g = R for accuracy, g = -R for loss
 
 Every transfer-type metric is written with g, so its sign means the same for loss and accuracy:
-positive forgetting = worse than the best seen; positive BWT / FWT / plasticity = better. For a
-loss these read, e.g., BWT_j = R[last(j), j] - R[T, j].
+positive forgetting = worse than the best seen; positive BWT / FWT / plasticity / adaptation gain =
+better. For a loss these read, e.g., BWT_j = R[last(j), j] - R[T, j].
+
+Two references for "what experience t did to d_t": plasticity compares with row t-1 (the row just
+before it), adaptation gain with row 0 (before any experience). Retention follows an adaptation
+gain through the later rows.
 
 A domain may recur (math → law → math): "trained" always refers to the experiences up to row T,
 and BWT measures from the domain's most recent training, as Avalanche's stream metrics do (their
@@ -63,9 +67,13 @@ def forgetting_per_domain(results: ResultsMatrix) -> dict[str, float]:
     """F_j = max_{first(j) <= l <= T-1} g[l, j] - g[T, j], for j trained before experience T.
 
     For a loss: F_j = R[T, j] - min_l R[l, j], the final loss minus the best loss since j was
-    first learned (Chaudhry et al. 2018, with rows before j's training excluded). F_j >= 0.
+    first learned (Chaudhry et al. 2018, with rows before j's training excluded). F_j < 0 only
+    when the final row is j's best since first(j).
     Avalanche's functional `forgetting` uses the value right after training instead of the best:
-    the two agree when a domain is at its best right after being trained.
+    the two agree when a domain is at its best right after being trained. Row 0 is not a candidate
+    best: a domain whose training never beat row 0 and which then ends worse than row 0 only counts
+    the drop from its best trained row; `forgetting_from_best_including_row0_per_domain` counts the
+    drop from row 0.
     """
     g = _oriented(results)
     t_final = last_row(results)
@@ -78,6 +86,28 @@ def forgetting_per_domain(results: ResultsMatrix) -> dict[str, float]:
 def average_forgetting(results: ResultsMatrix) -> float:
     """F = mean_j F_j over the domains of `forgetting_per_domain`; NaN if there are none."""
     return _mean(list(forgetting_per_domain(results).values()))
+
+
+def forgetting_from_best_including_row0_per_domain(results: ResultsMatrix) -> dict[str, float]:
+    """F0_j = max(g[0, j], max_{first(j) <= l <= T-1} g[l, j]) - g[T, j], for j trained before T.
+
+    `forgetting_per_domain` with row 0 (before any experience) added to the candidate bests:
+    F0_j = max(F_j, g[0, j] - g[T, j]) >= F_j. The two differ only when row 0 beats every row
+    first(j) .. T-1, i.e. j's training never reached the base model's score: F counts the drop
+    from j's best trained row, F0 the drop from row 0. Rows 1 .. first(j)-1 (forward transfer
+    from other experiences) are still not candidates. Same domains as `forgetting_per_domain`.
+    """
+    g = _oriented(results)
+    t_final = last_row(results)
+    return {
+        results.domains[j]: float(g[[0, *range(first, t_final)], j].max() - g[t_final, j])
+        for j, (first, _) in _trained_before_last_row(results).items()
+    }
+
+
+def average_forgetting_including_row0(results: ResultsMatrix) -> float:
+    """F0 = mean_j F0_j over `forgetting_from_best_including_row0_per_domain`; NaN if none."""
+    return _mean(list(forgetting_from_best_including_row0_per_domain(results).values()))
 
 
 def backward_transfer_per_domain(results: ResultsMatrix) -> dict[str, float]:
@@ -125,8 +155,13 @@ def forward_transfer(results: ResultsMatrix) -> float:
 def plasticity_per_experience(results: ResultsMatrix) -> list[float]:
     """P_t = g[t, d_t] - g[t-1, d_t] for t = 1..T: what experience t did to its own domain.
 
-    For a loss: P_t = R[t-1, d_t] - R[t, d_t]; positive = the domain was learned. Element t-1
-    of the list is experience t (a recurring domain has one entry per experience).
+    For a loss: P_t = R[t-1, d_t] - R[t, d_t]; positive = the domain improved during experience t.
+    Element t-1 of the list is experience t (a recurring domain has one entry per experience).
+
+    The reference is row t-1, after the earlier experiences' interference, so recovering from that
+    interference counts as learning: in math → law → math, if law raises math's loss by δ and the
+    second math experience only undoes it, P_3 = δ > 0 though math is no better than after
+    experience 1. `adaptation_gain_per_experience` measures against row 0 instead.
     """
     g = _oriented(results)
     gains = []
@@ -139,6 +174,61 @@ def plasticity_per_experience(results: ResultsMatrix) -> list[float]:
 def plasticity(results: ResultsMatrix) -> float:
     """P = (1/T) Σ_t P_t; NaN if no experience has finished."""
     return _mean(plasticity_per_experience(results))
+
+
+def adaptation_gain_per_experience(results: ResultsMatrix) -> list[float]:
+    """G_t = g[t, d_t] - g[0, d_t] for t = 1..T: experience t's domain against row 0.
+
+    For a loss: G_t = R[0, d_t] - R[t, d_t]; positive = after experience t the model is better on
+    d_t than the base model was. Unlike plasticity (reference row t-1), undoing interference from
+    earlier experiences gains nothing. For a recurring domain G_t is the total gain since row 0,
+    including what its earlier experiences left. Element t-1 of the list is experience t.
+    """
+    g = _oriented(results)
+    gains = []
+    for t in range(1, last_row(results) + 1):
+        j = results.domains.index(results.trained_domain(t))
+        gains.append(float(g[t, j] - g[0, j]))
+    return gains
+
+
+def adaptation_gain(results: ResultsMatrix) -> float:
+    """G = (1/T) Σ_t G_t; NaN if no experience has finished."""
+    return _mean(adaptation_gain_per_experience(results))
+
+
+def retention(results: ResultsMatrix) -> dict[int, list[float]]:
+    """Experience t -> [ρ_{t,t+1}, ..., ρ_{t,T}] for every experience t <= T with G_t > 0, where
+
+        ρ_{t,u} = (g[u, d_t] - g[0, d_t]) / G_t        u = t+1 .. T
+
+    is the fraction of experience t's adaptation gain G_t still present after experience u:
+    1 = all kept, 0 = back to row 0, negative = worse than before any experience. Keys are
+    1-based experience indices in order; element k-1 of a list is the fraction k experiences
+    later, and the list of t = T is empty. An experience with G_t <= 0 has no gain to retain and
+    has no key. A later experience that trains d_t again is one of the u like any other, so the
+    fraction can rise again there (also above 1).
+    """
+    g = _oriented(results)
+    t_final = last_row(results)
+    fractions = {}
+    for t, gain in enumerate(adaptation_gain_per_experience(results), start=1):
+        if gain > 0:
+            j = results.domains.index(results.trained_domain(t))
+            later = range(t + 1, t_final + 1)
+            fractions[t] = [float((g[u, j] - g[0, j]) / gain) for u in later]
+    return fractions
+
+
+def retention_after(results: ResultsMatrix, k: int) -> float:
+    """ρ(k) = mean_t ρ_{t,t+k} over the experiences of `retention` with t + k <= T; NaN if none.
+
+    The fraction of an adaptation gain left k experiences later, e.g. ρ(2) <= 0.5: on average at
+    least half of each gain lost after two later experiences.
+    """
+    if k < 1:
+        raise ValueError(f"k = {k}: retention is measured k >= 1 experiences later")
+    return _mean([later[k - 1] for later in retention(results).values() if len(later) >= k])
 
 
 def area_under_curve(points: Sequence[tuple[int, float]]) -> float:
@@ -165,7 +255,11 @@ def area_under_learning_curves(run: RunResults) -> dict[str, float]:
 
 
 def summary(results: RunResults | ResultsMatrix) -> dict[str, float | int | str | bool]:
-    """Headline numbers of one run; curve areas are included when `results` is a RunResults."""
+    """Headline numbers of one run; curve areas are included when `results` is a RunResults.
+
+    `retention_after_2` is `retention_after(matrix, 2)`: the mean fraction of an experience's
+    adaptation gain left two experiences later.
+    """
     matrix = results.matrix if isinstance(results, RunResults) else results
     out: dict[str, float | int | str | bool] = {
         "metric": matrix.metric,
@@ -177,6 +271,9 @@ def summary(results: RunResults | ResultsMatrix) -> dict[str, float | int | str 
         "backward_transfer": backward_transfer(matrix),
         "forward_transfer": forward_transfer(matrix),
         "plasticity": plasticity(matrix),
+        "adaptation_gain": adaptation_gain(matrix),
+        "retention_after_2": retention_after(matrix, 2),
+        "average_forgetting_including_row0": average_forgetting_including_row0(matrix),
     }
     if isinstance(results, RunResults):
         out["area_under_curve"] = _mean(list(area_under_learning_curves(results).values()))

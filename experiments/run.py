@@ -125,11 +125,14 @@ def report(folder: Path, results: RunResults) -> str:
         format_table(perplexity_matrix(results.matrix), precision=1),
         "",
         "forgetting summary (loss; positive forgetting = worse than the best seen, positive "
-        "BWT/FWT/plasticity = better):",
+        "gain/BWT/FWT/plasticity = better; retention is a fraction of the gain):",
     ]
     labels = {
         "average_final": "average final loss",
+        "adaptation_gain": "adaptation gain (vs row 0)",
+        "retention_after_2": "gain left 2 experiences later",
         "average_forgetting": "average forgetting",
+        "average_forgetting_including_row0": "forgetting from best incl. row 0",
         "backward_transfer": "backward transfer",
         "forward_transfer": "forward transfer",
         "plasticity": "plasticity",
@@ -138,7 +141,7 @@ def report(folder: Path, results: RunResults) -> str:
     for key, label in labels.items():
         value = s.get(key, math.nan)
         extra = f"  (ppl {math.exp(value):.1f})" if key == "average_final" else ""
-        lines.append(f"  {label:<30} {value:+.4f}{extra}")
+        lines.append(f"  {label:<34} {value:+.4f}{extra}")
     lines += [
         "",
         f"run folder   {folder}/",

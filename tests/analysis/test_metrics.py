@@ -43,6 +43,81 @@ def test_hand_computed_loss_matrix():
     gains = [4.0 - 2.0, 4.5 - 2.5, 5.5 - 2.0]
     assert metrics.plasticity_per_experience(LOSS) == pytest.approx(gains)
     assert metrics.plasticity(LOSS) == pytest.approx(2.5)
+    # G_t = R[0, d_t] - R[t, d_t].
+    assert metrics.adaptation_gain_per_experience(LOSS) == pytest.approx([2.0, 2.5, 4.0])
+    assert metrics.adaptation_gain(LOSS) == pytest.approx(8.5 / 3)
+    # ρ_{t,u} = (R[0, d_t] - R[u, d_t]) / G_t.
+    kept = metrics.retention(LOSS)
+    assert list(kept) == [1, 2, 3]
+    assert kept[1] == pytest.approx([(4.0 - 1.5) / 2.0, (4.0 - 3.5) / 2.0])
+    assert kept[2] == pytest.approx([(5.0 - 3.0) / 2.5])
+    assert kept[3] == []
+    assert metrics.retention_after(LOSS, 1) == pytest.approx((1.25 + 0.8) / 2)
+    assert metrics.retention_after(LOSS, 2) == pytest.approx(0.25)
+    assert math.isnan(metrics.retention_after(LOSS, 3))
+    with pytest.raises(ValueError, match="k >= 1"):
+        metrics.retention_after(LOSS, 0)
+    # Row 0 is never the best here: both forgettings agree.
+    f0 = metrics.forgetting_from_best_including_row0_per_domain(LOSS)
+    assert f0 == pytest.approx(metrics.forgetting_per_domain(LOSS))
+    assert metrics.average_forgetting_including_row0(LOSS) == pytest.approx(1.25)
+
+
+# Loss matrix, order a → b → c, where row 0 is a's best: training a never beat the base model
+# (as math in experiments/LOG.md). b improves while a trains (row 1) and gets worse during its
+# own experience.
+ROW0_BEST = ResultsMatrix(
+    domains=["a", "b", "c"],
+    experiences=["a", "b", "c"],
+    values=np.array(
+        [
+            [4.50, 5.50, 5.00],  # before any experience
+            [4.75, 4.50, 5.25],  # after a
+            [5.00, 5.00, 5.25],  # after b
+            [5.50, 5.25, 4.50],  # after c
+        ]
+    ),
+)
+
+
+def test_row0_counts_for_forgetting_including_row0_and_adaptation_gain():
+    # Best since first training: a min(4.75, 5.0) = 4.75; b 5.0 (row 1 is before b's training).
+    assert metrics.forgetting_per_domain(ROW0_BEST) == pytest.approx({"a": 0.75, "b": 0.25})
+    # With row 0: a's best is row 0 (4.5); b's row 0 (5.5) is worse than row 2 and row 1 is
+    # still not a candidate, so b is unchanged.
+    f0 = metrics.forgetting_from_best_including_row0_per_domain(ROW0_BEST)
+    assert f0 == pytest.approx({"a": 5.5 - 4.5, "b": 5.25 - 5.0})
+    assert metrics.average_forgetting(ROW0_BEST) == pytest.approx(0.5)
+    assert metrics.average_forgetting_including_row0(ROW0_BEST) == pytest.approx(0.625)
+
+    gains = [4.5 - 4.75, 5.5 - 5.0, 5.0 - 4.5]
+    assert metrics.adaptation_gain_per_experience(ROW0_BEST) == pytest.approx(gains)
+    assert metrics.adaptation_gain(ROW0_BEST) == pytest.approx(0.75 / 3)
+    # b's plasticity is negative (worse than after a) though its gain against row 0 is positive.
+    assert metrics.plasticity_per_experience(ROW0_BEST) == pytest.approx([-0.25, -0.5, 0.75])
+    # a's gain is negative: nothing to retain, no key.
+    kept = metrics.retention(ROW0_BEST)
+    assert list(kept) == [2, 3]
+    assert kept[2] == pytest.approx([(5.5 - 5.25) / 0.5])
+    assert kept[3] == []
+    assert metrics.retention_after(ROW0_BEST, 1) == pytest.approx(0.5)
+    assert math.isnan(metrics.retention_after(ROW0_BEST, 2))
+
+
+def test_plasticity_counts_recovery_from_interference_adaptation_gain_does_not():
+    # math → law → math: the first math experience changes nothing, law raises math's loss by 0.5,
+    # the second math experience only undoes that.
+    m = ResultsMatrix(
+        ["math", "law"],
+        ["math", "law", "math"],
+        np.array([[3.0, 5.0], [3.0, 5.0], [3.5, 4.0], [3.0, 4.25]]),
+    )
+    assert metrics.plasticity_per_experience(m) == pytest.approx([0.0, 1.0, 0.5])
+    assert metrics.plasticity(m) == pytest.approx(0.5)
+    assert metrics.adaptation_gain_per_experience(m) == pytest.approx([0.0, 1.0, 0.0])
+    assert metrics.adaptation_gain(m) == pytest.approx(1.0 / 3)
+    # Only law (experience 2) gained against row 0; 0.75 of its gain is left one experience later.
+    assert metrics.retention(m) == {2: [pytest.approx(0.75)]}
 
 
 def test_recurring_domain():
@@ -66,6 +141,23 @@ def test_recurring_domain():
     assert metrics.backward_transfer_per_domain(m) == pytest.approx(bwt)
     assert metrics.forward_transfer_per_domain(m) == pytest.approx({"b": 5.0 - 5.5, "c": 5.0 - 5.0})
     assert metrics.plasticity_per_experience(m) == pytest.approx([3.0, 2.5, 1.5, 3.0])
+    # G_t against row 0: a's second experience (row 3) carries what its first one left.
+    assert metrics.adaptation_gain_per_experience(m) == pytest.approx([3.0, 2.0, 2.5, 3.0])
+    assert metrics.adaptation_gain(m) == pytest.approx(2.625)
+    # Experience 1 (a) is followed through b and a's own second experience (row 3), which counts
+    # like any later experience.
+    kept = metrics.retention(m)
+    assert list(kept) == [1, 2, 3, 4]
+    assert kept[1] == pytest.approx([1.0 / 3.0, 2.5 / 3.0, 2.2 / 3.0])
+    assert kept[2] == pytest.approx([1.4 / 2.0, 1.3 / 2.0])
+    assert kept[3] == pytest.approx([2.2 / 2.5])
+    assert kept[4] == []
+    assert metrics.retention_after(m, 1) == pytest.approx((1.0 / 3.0 + 0.7 + 0.88) / 3)
+    assert metrics.retention_after(m, 2) == pytest.approx((2.5 / 3.0 + 0.65) / 2)
+    assert metrics.retention_after(m, 3) == pytest.approx(2.2 / 3.0)
+    assert metrics.forgetting_from_best_including_row0_per_domain(m) == pytest.approx(
+        {"a": 0.8, "b": 0.7}
+    )
 
 
 def test_domain_retrained_by_last_experience_has_no_forgetting():
@@ -83,29 +175,49 @@ def test_partial_matrix_uses_completed_rows():
     assert metrics.forgetting_per_domain(m) == pytest.approx({"a": 1.0})
     assert metrics.backward_transfer(m) == pytest.approx(-1.0)
     assert metrics.plasticity_per_experience(m) == pytest.approx([2.0, 2.5])
+    # Measured up to row 2: the unfinished third experience (a again) has no gain, and a's first
+    # gain is followed through row 2 only.
+    assert metrics.adaptation_gain_per_experience(m) == pytest.approx([2.0, 2.0])
+    assert metrics.retention(m) == {1: [pytest.approx(0.5)], 2: []}
+    assert metrics.retention_after(m, 1) == pytest.approx(0.5)
+    assert math.isnan(metrics.retention_after(m, 2))
+    assert metrics.forgetting_from_best_including_row0_per_domain(m) == pytest.approx({"a": 1.0})
+    assert metrics.summary(m)["experiences_done"] == 2
 
     only_baseline = ResultsMatrix(["a"], ["a"], np.array([[5.0], [NAN]]))
     assert metrics.forgetting_per_domain(only_baseline) == {}
+    assert metrics.forgetting_from_best_including_row0_per_domain(only_baseline) == {}
     assert math.isnan(metrics.average_forgetting(only_baseline))
+    assert math.isnan(metrics.average_forgetting_including_row0(only_baseline))
     assert math.isnan(metrics.plasticity(only_baseline))
+    assert metrics.adaptation_gain_per_experience(only_baseline) == []
+    assert math.isnan(metrics.adaptation_gain(only_baseline))
+    assert metrics.retention(only_baseline) == {}
+    assert math.isnan(metrics.retention_after(only_baseline, 1))
 
     nothing = ResultsMatrix(["a"], ["a"], np.array([[NAN], [NAN]]))
     with pytest.raises(ValueError, match="row 0"):
         metrics.summary(nothing)
 
 
-def test_accuracy_orientation_mirrors_loss():
-    # Same matrix as LOSS with the sign flipped and higher-is-better: every transfer metric is
-    # unchanged; only the average score flips.
-    acc = ResultsMatrix(LOSS.domains, LOSS.experiences, -LOSS.values, "accuracy", False)
+@pytest.mark.parametrize("loss", [LOSS, ROW0_BEST], ids=["loss", "row0_best"])
+def test_accuracy_orientation_mirrors_loss(loss):
+    # Same matrix with the sign flipped and higher-is-better: every transfer metric is unchanged;
+    # only the average score flips.
+    acc = ResultsMatrix(loss.domains, loss.experiences, -loss.values, "accuracy", False)
     for fn in (
         metrics.forgetting_per_domain,
+        metrics.forgetting_from_best_including_row0_per_domain,
         metrics.backward_transfer_per_domain,
         metrics.forward_transfer_per_domain,
         metrics.plasticity_per_experience,
+        metrics.adaptation_gain_per_experience,
     ):
-        assert fn(acc) == pytest.approx(fn(LOSS))
-    assert metrics.average_score(acc) == pytest.approx(-metrics.average_score(LOSS))
+        assert fn(acc) == pytest.approx(fn(loss))
+    assert metrics.retention(acc).keys() == metrics.retention(loss).keys()
+    for t, later in metrics.retention(loss).items():
+        assert metrics.retention(acc)[t] == pytest.approx(later)
+    assert metrics.average_score(acc) == pytest.approx(-metrics.average_score(loss))
 
 
 def test_hand_computed_accuracy_matrix():
@@ -120,58 +232,28 @@ def test_hand_computed_accuracy_matrix():
     assert metrics.backward_transfer(acc) == pytest.approx(0.6 - 0.9)
     assert metrics.forward_transfer(acc) == pytest.approx(0.3 - 0.2)
     assert metrics.plasticity_per_experience(acc) == pytest.approx([0.8, 0.5])
+    assert metrics.adaptation_gain_per_experience(acc) == pytest.approx([0.9 - 0.1, 0.8 - 0.2])
+    assert metrics.retention(acc) == {1: [pytest.approx((0.6 - 0.1) / 0.8)], 2: []}
+    assert metrics.forgetting_from_best_including_row0_per_domain(acc) == pytest.approx({"a": 0.3})
 
 
-def _accuracy_matrix(rng: np.random.Generator, n: int, peak_after_training: bool) -> np.ndarray:
-    """(n + 1, n) accuracies, domain k trained by experience k + 1; optionally each column is at
-    its best right after training and only decays afterwards."""
-    acc = rng.uniform(0.0, 0.3, size=(n + 1, n))
-    for k in range(n):
-        acc[k + 1, k] = rng.uniform(0.7, 1.0)
-        for t in range(k + 2, n + 1):
-            decayed = acc[t - 1, k] - rng.uniform(0.0, 0.2)
-            acc[t, k] = decayed if peak_after_training else rng.uniform(0.0, 1.0)
-    return acc
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_agrees_with_avalanche_functional_definitions(seed):
-    functional = pytest.importorskip("avalanche.evaluation.functional")
-    from avalanche.evaluation.metrics.forgetting_bwt import BWT, forgetting_to_bwt
-
-    rng = np.random.default_rng(seed)
-    n = 4
-    for peak in (True, False):
-        values = _accuracy_matrix(rng, n, peak)
-        ours = ResultsMatrix(
-            [f"d{k}" for k in range(n)], [f"d{k}" for k in range(n)], values, "accuracy", False
-        )
-        # Avalanche's matrix has no before-training row: its row k is our row k + 1, and
-        # boundary_indices[k] = k (experience k learned at time k).
-        theirs = functional.forgetting(values[1:])
-        final = theirs[-1]
-        bwt = metrics.backward_transfer_per_domain(ours)
-        assert list(bwt) == [f"d{k}" for k in range(n - 1)]
-        for k in range(n - 1):
-            assert bwt[f"d{k}"] == pytest.approx(forgetting_to_bwt(float(final[k])))
-
-        # Avalanche's standalone BWT: initial = right after training, last = final row.
-        standalone = BWT()
-        for k in range(n - 1):
-            standalone.update(k, values[k + 1, k], initial=True)
-            standalone.update(k, values[n, k])
-        assert [bwt[f"d{k}"] for k in range(n - 1)] == pytest.approx(
-            [standalone.result()[k] for k in range(n - 1)]
-        )
-
-        forgetting = metrics.forgetting_per_domain(ours)
-        if peak:
-            ours_f = [forgetting[f"d{k}"] for k in range(n - 1)]
-            assert ours_f == pytest.approx(list(final[: n - 1]))
-            assert metrics.average_forgetting(ours) == pytest.approx(float(np.mean(final[: n - 1])))
-        else:
-            # Best-earlier-value forgetting is never below Avalanche's after-training version.
-            assert all(forgetting[f"d{k}"] >= final[k] - 1e-12 for k in range(n - 1))
+def test_hand_computed_accuracy_matrix_row0_best():
+    # a: accuracy 0.5 before any experience, training a reaches only 0.4, then 0.2 at the end;
+    # b is learned (0.25 → 0.75), then partly forgotten (0.5) while c trains.
+    acc = ResultsMatrix(
+        ["a", "b", "c"],
+        ["a", "b", "c"],
+        np.array([[0.5, 0.25, 0.0], [0.4, 0.25, 0.0], [0.3, 0.75, 0.0], [0.2, 0.5, 0.5]]),
+        metric="accuracy",
+        lower_is_better=False,
+    )
+    assert metrics.forgetting_per_domain(acc) == pytest.approx({"a": 0.2, "b": 0.25})
+    f0 = metrics.forgetting_from_best_including_row0_per_domain(acc)
+    assert f0 == pytest.approx({"a": 0.5 - 0.2, "b": 0.25})
+    assert metrics.average_forgetting_including_row0(acc) == pytest.approx(0.275)
+    assert metrics.adaptation_gain_per_experience(acc) == pytest.approx([-0.1, 0.5, 0.5])
+    assert metrics.retention(acc) == {2: [pytest.approx(0.5)], 3: []}
+    assert metrics.retention_after(acc, 1) == pytest.approx(0.5)
 
 
 def test_area_under_curve():
@@ -213,6 +295,9 @@ def test_summary():
             "backward_transfer": -1.0,
             "forward_transfer": 0.5,
             "plasticity": 2.5,
+            "adaptation_gain": 8.5 / 3,
+            "retention_after_2": 0.25,
+            "average_forgetting_including_row0": 1.25,
             "area_under_curve": (3.0 + 5.0) / 2,
         }
     )
