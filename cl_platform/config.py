@@ -105,6 +105,9 @@ class CLConfig:
 
     mode: Mode = "fast"
     eval_memory: str = "frozen"  # evaluation memory policy, a name in cl_platform.memory_policy.POLICIES
+    # The split every evaluation (rows, curves) reads: "eval" for results a table quotes, "dev"
+    # (the stream's `token_budget.dev`) for choosing settings without ever looking at "eval".
+    eval_split: typing.Literal["eval", "dev"] = "eval"
     fwpkm: WriteRule = field(default_factory=WriteRule)  # the loader defaults it to pretrain.fwpkm
     fwpkm_by_layer: dict[str, WriteRule] = field(default_factory=dict)  # {"fwpkm3": rule}: one layer's own
     batch_size: int = 8
@@ -124,6 +127,7 @@ class CLConfig:
     def __post_init__(self) -> None:
         check(self.mode in typing.get_args(Mode), self, "mode", f"is not one of {list(typing.get_args(Mode))}")
         check(self.eval_memory in POLICIES, self, "eval_memory", f"is not one of {sorted(POLICIES)}")
+        check(self.eval_split in ("eval", "dev"), self, "eval_split", "is not one of ['eval', 'dev']")
         for name in ("batch_size", "eval_batch_size", "curve_every", "curve_segments", "checkpoint_every",
                      "log_every", "devices"):
             check(is_int(getattr(self, name), 1), self, name, "must be a positive int")

@@ -132,7 +132,7 @@ class ContinualRunner:
         self.saved_step: int | None = None
         self.trainer: L.Trainer | None = None
         self.logger = TensorBoardLogger(save_dir=str(self.run_dir), name="", version="tensorboard", default_hp_metric=False)
-        eval_loaders = stream[0].eval_loaders(cl.eval_batch_size)
+        eval_loaders = stream[0].eval_loaders(cl.eval_batch_size, split=cl.eval_split)
         self.eval_loaders = [eval_loaders[d] for d in self.domains]
         self.curve_loaders = subset_loaders(eval_loaders, cl.curve_segments, cl.eval_batch_size)
         self.callbacks = list(callbacks or [])

@@ -98,7 +98,7 @@ def execute(
         say(f"resuming {folder} from {resume_from}")
     say(f"run {folder}: {cfg.cl.mode} mode, {len(setup.scenario)} experiences "
         f"({' -> '.join(exp.domain for exp in setup.scenario)}), strategy {cfg.strategy.name}, "
-        f"eval memory policy {cfg.cl.eval_memory}")
+        f"eval memory policy {cfg.cl.eval_memory}, evaluated on the {cfg.cl.eval_split} split")
     results = runner.run(resume_from=resume_from)
     return folder, results, runner
 

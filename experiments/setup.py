@@ -68,6 +68,11 @@ def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
         except ValueError as err:
             raise ConfigError(f"{path}: run config field 'order': {err}") from None
     scenario = build_stream(stream_cfg)
+    if cfg.cl.eval_split != "eval":
+        missing = [name for name, d in scenario.domains.items() if not d.splits[cfg.cl.eval_split].n_docs]
+        if missing:
+            raise ConfigError(f"{path}: run config field 'cl.eval_split': {cfg.cl.eval_split!r} but domain(s) "
+                              f"{missing} have none; set token_budget.{cfg.cl.eval_split} in {cfg.stream}")
     model_config = dataclasses.replace(cfg.model, vocab_size=scenario.tokenizer.vocab_size)
     return Setup(cfg, path, scenario, model_config)
 
@@ -117,15 +122,17 @@ def base_key(setup: Setup) -> str:
 
 
 # --- the run's identity --------------------------------------------------------------------------------
-def stream_fingerprint(scenario) -> str:
-    """sha256 of what the continual phase reads: each experience's adapt tokens, every eval split."""
+def stream_fingerprint(scenario, eval_split: str = "eval") -> str:
+    """sha256 of what the continual phase reads: each experience's adapt tokens, and every
+    domain's split that evaluations read (`eval_split`)."""
     h = hashlib.sha256()
     for exp in scenario:
         h.update(f"adapt:{exp.domain}\0".encode("utf-8"))
         h.update(exp.data.segments.tokens.numpy().tobytes())
     for name in scenario.eval_domains:
-        h.update(f"eval:{name}\0".encode("utf-8"))
-        h.update(scenario.domains[name].splits["eval"].segments.tokens.numpy().tobytes())
+        tag = "eval" if eval_split == "eval" else f"eval[{eval_split}]"  # the default hashes as before
+        h.update(f"{tag}:{name}\0".encode("utf-8"))
+        h.update(scenario.domains[name].splits[eval_split].segments.tokens.numpy().tobytes())
     return h.hexdigest()
 
 
@@ -152,7 +159,7 @@ def run_identity(setup: Setup, base: dict[str, str]) -> dict[str, Any]:
             "experiences": [exp.domain for exp in scenario],
             "eval_domains": list(scenario.eval_domains),
             "seq_len": scenario.config.seq_len,
-            "stream": stream_fingerprint(scenario),
+            "stream": stream_fingerprint(scenario, setup.config.cl.eval_split),
             "tokenizer": scenario.tokenizer.fingerprint,
         },
         "base": base,

@@ -40,21 +40,30 @@ class SplitExperience(DatasetExperience):
 class DomainExperience(SplitExperience):
     """Same as SplitExperience (holding the domain's adapt part) plus the eval data of every domain."""
 
-    def __init__(self, adapt: SplitData, eval_data: dict[str, SplitData], occurrence: int):
+    def __init__(self, adapt: SplitData, eval_data: dict[str, SplitData], occurrence: int,
+                 dev_data: dict[str, SplitData] | None = None):
         super().__init__(adapt)
         self.occurrence = occurrence  # 0 the first time the domain appears in the order, 1 the next, ...
         self.eval_data = eval_data
+        self.dev_data = dev_data or {}
         self.eval_datasets = {name: d.dataset for name, d in eval_data.items()}
 
     def adapt_loader(self, batch_size: int, start: int = 0, num_workers: int = 0):
         """The adapt segments in stream order (never shuffled); `start` skips segments (resume)."""
         return segment_loader(self.data.segments, batch_size, shuffle=False, start=start, num_workers=num_workers)
 
-    def eval_loaders(self, batch_size: int, num_workers: int = 0) -> dict:
-        """One in-order DataLoader per domain's eval split, in configured domain order."""
+    def eval_loaders(self, batch_size: int, num_workers: int = 0, split: str = "eval") -> dict:
+        """One in-order DataLoader per domain's `split` ("eval", or "dev" to choose settings
+        without touching the eval split), in configured domain order."""
+        if split not in ("eval", "dev"):
+            raise ValueError(f"eval_loaders: split must be 'eval' or 'dev', got {split!r}")
+        data = self.eval_data if split == "eval" else self.dev_data
+        missing = [name for name in self.eval_data if name not in data or not data[name].n_docs]
+        if missing:
+            raise ValueError(f"domain(s) {missing} have no {split} split; set token_budget.{split} in the stream config")
         return {
             name: segment_loader(d.segments, batch_size, shuffle=False, num_workers=num_workers)
-            for name, d in self.eval_data.items()
+            for name, d in data.items()
         }
 
     def __repr__(self) -> str:
@@ -69,12 +78,13 @@ class DomainScenario(CLScenario):
         self.tokenizer = tokenizer
         self.domains = domains  # configured order
         eval_data = {name: d.splits["eval"] for name, d in domains.items()}
+        dev_data = {name: d.splits["dev"] for name, d in domains.items()}
         seen: dict[str, int] = {}
         experiences = []
         for name in config.experience_domains:
             k = seen.get(name, 0)
             seen[name] = k + 1
-            experiences.append(DomainExperience(domains[name].adapt_parts[k], eval_data, occurrence=k))
+            experiences.append(DomainExperience(domains[name].adapt_parts[k], eval_data, occurrence=k, dev_data=dev_data))
         pretrain = [SplitExperience(d.splits["pretrain"]) for d in domains.values() if d.splits["pretrain"].n_docs]
         super().__init__(
             [

@@ -1,11 +1,12 @@
-"""Document-level splits of one domain: `eval` (held out), `adapt` (streamed) and `pretrain`.
+"""Document-level splits of one domain: `eval` (held out), `adapt` (streamed), `pretrain`, and an
+optional `dev` (held out for choosing settings).
 
 Rule (deterministic from the stream seed and the domain name, and nothing else):
 1. Permute the domain's documents with `numpy.random.default_rng([seed, crc32(name)])`.
 2. Walk the permutation and fill the parts in this order, each with whole documents until its
    token budget is reached: `eval`, `adapt` (first occurrence of the domain in the stream),
-   `pretrain`, then one fresh `adapt` part per further occurrence (math -> law -> math reads new
-   math documents the second time). Eval and pretrain therefore do not depend on the stream
+   `pretrain`, `dev` (when its budget is not 0), then one fresh `adapt` part per further
+   occurrence (math -> law -> math reads new math documents the second time). Eval and pretrain therefore do not depend on the stream
    order, and a document is in exactly one part.
 3. Inside each part the documents are put back in source order (file order), because the
    stream-perplexity protocol reads a domain's documents in the order the corpus gives them.
@@ -31,6 +32,9 @@ class TokenBudget:
     pretrain: int = 1_024_000  # for the base model; 0 = this domain is not in pretraining
     adapt: int = 153_600  # streamed during each experience of the domain
     eval: int = 40_960  # held out, read by every evaluation
+    # Held out for choosing settings (`cl.eval_split: dev`), so that the eval split, which tables
+    # quote, is never used to choose them; 0 = none. At most the adapt budget.
+    dev: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -40,6 +44,9 @@ class TokenBudget:
         for name in ("adapt", "eval"):
             if getattr(self, name) == 0:
                 raise ValueError(f"token_budget.{name} must be positive (every domain is streamed and evaluated)")
+        if self.dev > self.adapt:
+            raise ValueError(f"token_budget.dev ({self.dev:,}) must not exceed token_budget.adapt ({self.adapt:,}): "
+                             f"a development split is a held-out slice the size of (part of) one experience")
 
 
 @dataclass(frozen=True)
@@ -50,9 +57,10 @@ class SplitPlan:
     adapt: list[np.ndarray]  # one part per occurrence of the domain in the stream order
     pretrain: np.ndarray
     doc_costs: np.ndarray = field(repr=False)  # tokens + 1 per document, for reporting
+    dev: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     def all_parts(self) -> dict[str, np.ndarray]:
-        parts = {"eval": self.eval, "pretrain": self.pretrain}
+        parts = {"eval": self.eval, "pretrain": self.pretrain, "dev": self.dev}
         parts.update({adapt_part_name(i): rows for i, rows in enumerate(self.adapt)})
         return parts
 
@@ -75,7 +83,8 @@ def plan_splits(doc_tokens: np.ndarray, budget: TokenBudget, occurrences: int, s
     costs = np.asarray(doc_tokens, dtype=np.int64) + 1
     order = domain_permutation(len(costs), seed, domain)
     cum = np.cumsum(costs[order])
-    wanted = [("eval", budget.eval), ("adapt", budget.adapt), ("pretrain", budget.pretrain)]
+    # dev comes after pretrain, so a budget without one leaves every other split as it was.
+    wanted = [("eval", budget.eval), ("adapt", budget.adapt), ("pretrain", budget.pretrain), ("dev", budget.dev)]
     wanted += [("adapt", budget.adapt)] * (occurrences - 1)
     total = int(cum[-1]) if len(cum) else 0
     chosen: list[np.ndarray] = []
@@ -98,5 +107,6 @@ def plan_splits(doc_tokens: np.ndarray, budget: TokenBudget, occurrences: int, s
         chosen.append(np.sort(order[start:end]))
         filled = int(cum[end - 1])
         start = end
-    eval_rows, first_adapt, pretrain_rows, *more_adapt = chosen
-    return SplitPlan(eval=eval_rows, adapt=[first_adapt, *more_adapt], pretrain=pretrain_rows, doc_costs=costs)
+    eval_rows, first_adapt, pretrain_rows, dev_rows, *more_adapt = chosen
+    return SplitPlan(eval=eval_rows, adapt=[first_adapt, *more_adapt], pretrain=pretrain_rows, doc_costs=costs,
+                     dev=dev_rows)

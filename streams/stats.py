@@ -56,7 +56,7 @@ def format_report(config, domains, tokenizer, seconds: float) -> str:
     ]
     for name, d in domains.items():
         lines.append(f"{name:<12} {'(all)':<10} {len(d.documents):>8,} {int(d.plan.doc_costs.sum()):>12,} {'':>9}")
-        for split_name in ["pretrain", *[p.split for p in d.adapt_parts], "eval"]:
+        for split_name in ["pretrain", *[p.split for p in d.adapt_parts], "eval", *(["dev"] if d.splits["dev"].n_docs else [])]:
             s = d.splits[split_name]
             lines.append(f"{'':<12} {split_name:<10} {s.n_docs:>8,} {s.n_tokens:>12,} {s.n_segments:>9,}")
     counts = {name: token_counts(d, tokenizer.vocab_size, tokenizer.eot_id) for name, d in domains.items()}

@@ -176,7 +176,7 @@ def load_domains(config: StreamConfig | str | Path, tokenizer: Tokenizer | None 
         budget = config.budget(d.name)
         splits = {}
         for part, rows in plans[d.name].all_parts().items():
-            if len(rows) == 0:  # pretrain budget 0
+            if len(rows) == 0:  # a pretrain or dev budget of 0
                 splits[part] = SplitData(d.name, part, _empty_segments(config.seq_len, tokenizer, d.name, part), rows)
                 continue
             split_budget = budget.adapt if part.startswith("adapt") else getattr(budget, part)

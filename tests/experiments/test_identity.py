@@ -74,3 +74,29 @@ def test_overrides_round_trip_through_the_run_folder(tiny, tiny_base, tmp_path):
     again, same, runner = execute(folder / "config.yaml", progress_bar=False, say=said.append)
     assert runner is None and again == folder and "already complete" in said[-1]
     assert same.config_hash == results.config_hash
+
+
+def test_settings_are_chosen_on_a_dev_split_that_leaves_the_base_and_the_eval_split_alone(tiny, tiny_base, tmp_path):
+    from cl_platform.check import ConfigError
+    import pytest
+
+    plain = tiny.config(tmp_path / "nodev.yaml", runs_root=str(tmp_path / "runs"), order=["code"])
+    with pytest.raises(ConfigError, match=r"'cl.eval_split': 'dev' but domain\(s\) \['math', 'code'\] have none"):
+        execute(plain, ["cl.eval_split=dev"], progress_bar=False, say=quiet)
+    assert not (tmp_path / "runs").exists()
+
+    spec = {**tiny.stream_spec, "cache_dir": str(tiny.root / "cache")}
+    spec["token_budget"] = {**spec["token_budget"], "dev": 256}
+    stream = tiny.write_yaml(tmp_path / "dev.yaml", spec)
+    path = tiny.config(tmp_path / "withdev.yaml", stream=str(stream), order=["code"])
+    setup = load_setup(path, ["cl.eval_split=dev"])
+    assert base_key(setup) == base_key(tiny_base.setup)  # the dev split comes after pretrain
+    for name, domain in setup.scenario.domains.items():
+        dev = set(domain.document_ids("dev"))
+        assert dev and not dev & set(domain.document_ids("eval")) and not dev & set(domain.document_ids("adapt"))
+    said = []
+    _, on_dev, _ = execute(path, ["cl.eval_split=dev"], progress_bar=False, say=said.append)
+    _, on_eval, _ = execute(path, [], progress_bar=False, say=quiet)
+    assert any("evaluated on the dev split" in line for line in said)
+    assert on_dev.config_hash != on_eval.config_hash
+    assert not (on_dev.matrix.values == on_eval.matrix.values).any()

@@ -17,7 +17,7 @@ def test_parts_are_disjoint_sorted_and_filled_in_order():
     budget = TokenBudget(pretrain=200, adapt=60, eval=40)
     plan = plan_splits(doc_tokens, budget, occurrences=2, seed=3, domain="d")
     parts = plan.all_parts()
-    assert list(parts) == ["eval", "pretrain", "adapt", "adapt#2"]
+    assert list(parts) == ["eval", "pretrain", "dev", "adapt", "adapt#2"] and len(parts["dev"]) == 0
     seen: set[int] = set()
     for name, rows in parts.items():
         assert np.all(np.diff(rows) > 0), f"{name} not in source order"
@@ -79,3 +79,24 @@ def test_too_small_names_domain_and_numbers():
 def test_budget_validation_names_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         TokenBudget(**kwargs)
+
+
+def test_a_dev_split_is_held_out_after_pretrain_and_changes_nothing_else():
+    doc_tokens = np.array([9, 19, 4, 29, 14, 9, 39, 4, 24, 9] * 6)
+    without = plan_splits(doc_tokens, TokenBudget(pretrain=200, adapt=60, eval=40), 2, seed=3, domain="d")
+    plan = plan_splits(doc_tokens, TokenBudget(pretrain=200, adapt=60, eval=40, dev=50), 2, seed=3, domain="d")
+    for name in ("eval", "pretrain"):
+        assert np.array_equal(getattr(plan, name), getattr(without, name))
+    assert np.array_equal(plan.adapt[0], without.adapt[0])  # the first experience streams the same documents
+    parts = plan.all_parts()
+    rows = [set(r.tolist()) for r in parts.values()]
+    assert sum(len(r) for r in rows) == len(set().union(*rows))  # disjoint
+    perm = domain_permutation(len(doc_tokens), 3, "d").tolist()
+    before = len(plan.eval) + len(plan.adapt[0]) + len(plan.pretrain)
+    assert sorted(perm[before : before + len(plan.dev)]) == plan.dev.tolist()
+    assert 50 <= int((doc_tokens + 1)[plan.dev].sum()) < 50 + 41
+
+
+def test_a_dev_split_larger_than_the_adapt_split_is_refused():
+    with pytest.raises(ValueError, match=r"token_budget.dev \(200\) must not exceed token_budget.adapt \(100\)"):
+        TokenBudget(adapt=100, dev=200)
