@@ -248,6 +248,7 @@ class ContinualRunner:
         trainer.validate(self.module, dataloaders=self.eval_loaders, verbose=False)
         for domain in self.domains:
             self.results.matrix.record(t, domain, self.module.last_eval[domain])
+        self.results.doc_losses[str(t)] = self.module.last_eval_docs
         row = {f"results/{d}/loss": v for d, v in self.module.last_eval.items()}
         log_scalars(self.logger, row, self.position.step)
         self._write_results()

@@ -140,6 +140,8 @@ class LMModule(L.LightningModule):
         # The outer optimiser's state outlives each Trainer: one AdamW over the whole run.
         self.optimizer_state: dict[str, Any] | None = None
         self.last_eval: dict[str, float] = {}
+        self.last_eval_docs: dict[str, list[list[float]]] = {}
+        self._doc_sums: dict[int, tuple[Tensor, Tensor]] = {}
         self._session: MemorySession | None = None
         self._sums: dict[int, list[float]] = {}
         model.set_writes(True)
@@ -245,29 +247,56 @@ class LMModule(L.LightningModule):
     # --- evaluation ---------------------------------------------------------------------------
     def token_loss_sum(self, batch: dict[str, Tensor]) -> tuple[float, int]:
         """(Σ token cross-entropy, number of tokens) of one batch; padding (-100) excluded."""
+        total, count, _ = self._token_losses(batch)
+        return total, count
+
+    def _token_losses(self, batch: dict[str, Tensor]) -> tuple[float, int, Tensor]:
+        """(Σ token cross-entropy, number of tokens, per-token losses (B·T,)) of one batch.
+        cross_entropy is log_softmax then nll_loss: computed so, the sum is bit for bit the
+        fused one and the per-token losses come at no second softmax."""
         x, y = batch["input_ids"], batch["targets"]
-        logits = self.model(x)  # (B, T, V)
-        total = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-        return float(total), int((y != IGNORE_INDEX).sum())
+        logp = F.log_softmax(self.model(x).float().flatten(0, 1), dim=-1)  # (B·T, V)
+        total = F.nll_loss(logp, y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        per_token = F.nll_loss(logp, y.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        return float(total), int((y != IGNORE_INDEX).sum()), per_token
 
     def on_validation_start(self) -> None:
         self._session = self.memory_policy.open(self.model)
         self._sums = {}
+        self._doc_sums = {}
 
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if batch_idx == 0:
             self._session.start_domain()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        loss_sum, count = self.token_loss_sum(batch)
+        loss_sum, count, per_token = self._token_losses(batch)
         acc = self._sums.setdefault(dataloader_idx, [0.0, 0])
         acc[0] += loss_sum
         acc[1] += count
+        if "doc_index" in batch:
+            # Per document of the split (a target belongs to its input token's document), so that
+            # intervals can resample documents (analysis/bootstrap.py).
+            valid = batch["targets"].flatten() != IGNORE_INDEX
+            doc = batch["doc_index"].flatten()[valid]
+            sums = torch.bincount(doc, weights=per_token[valid].double())
+            counts = torch.bincount(doc)
+            prev_sums, prev_counts = self._doc_sums.get(dataloader_idx, (sums.new_zeros(0), counts.new_zeros(0)))
+            n = max(len(prev_sums), len(sums))
+            self._doc_sums[dataloader_idx] = (
+                F.pad(prev_sums, (0, n - len(prev_sums))) + F.pad(sums, (0, n - len(sums))),
+                F.pad(prev_counts, (0, n - len(prev_counts))) + F.pad(counts, (0, n - len(counts))),
+            )
 
     def on_validation_epoch_end(self) -> None:
         names = self.eval_domains or [str(i) for i in sorted(self._sums)]
         self.last_eval = {
             name: (self._sums[i][0] / self._sums[i][1]) if i in self._sums and self._sums[i][1] else math.nan
+            for i, name in enumerate(names)
+        }
+        # [Σ loss, tokens] per document of each domain's split, documents in split order.
+        self.last_eval_docs = {
+            name: [[float(a), int(b)] for a, b in zip(*self._doc_sums[i])] if i in self._doc_sums else []
             for i, name in enumerate(names)
         }
         for name, value in self.last_eval.items():

@@ -214,6 +214,9 @@ class RunResults:
     strategy: str
     versions: dict[str, str] = field(default_factory=dict)
     curves: dict[str, Curve] = field(default_factory=dict)
+    # Per results row (as a string key: JSON) and domain, [Σ loss, tokens] of every document of
+    # the evaluated split, so intervals can resample documents; R[t, j] = Σ loss / Σ tokens.
+    doc_losses: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.matrix, ResultsMatrix):
@@ -237,6 +240,11 @@ class RunResults:
         self.curves = {
             domain: self._checked_curve(domain, points) for domain, points in self.curves.items()
         }
+        if not isinstance(self.doc_losses, dict) or not all(
+            isinstance(row, dict) and all(isinstance(docs, list) for docs in row.values())
+            for row in self.doc_losses.values()
+        ):
+            raise ResultsFormatError("field 'doc_losses' must map rows to {domain: [[loss sum, tokens], ...]}")
 
     def _checked_curve(self, domain: str, points: Any) -> Curve:
         where = f"curves[{domain!r}]"
@@ -277,6 +285,7 @@ class RunResults:
                 domain: [[step, _encode_float(value)] for step, value in points]
                 for domain, points in self.curves.items()
             },
+            "doc_losses": self.doc_losses,
         }
 
     @classmethod
@@ -300,6 +309,7 @@ class RunResults:
             strategy=data["strategy"],
             versions=data["versions"],
             curves=data.get("curves", {}),
+            doc_losses=data.get("doc_losses", {}),
         )
 
     def to_json(self, path: str | os.PathLike[str]) -> None:

@@ -138,10 +138,20 @@ def report(folder: Path, results: RunResults) -> str:
         "plasticity": "plasticity",
         "area_under_curve": "area under forgetting curves",
     }
+    ci = _intervals(results)
     for key, label in labels.items():
         value = s.get(key, math.nan)
         extra = f"  (ppl {math.exp(value):.1f})" if key == "average_final" else ""
+        if ci is not None and key in ci["metrics"]:
+            extra += f"  [{ci['metrics'][key]['low']:+.4f}, {ci['metrics'][key]['high']:+.4f}]"
         lines.append(f"  {label:<34} {value:+.4f}{extra}")
+    if ci is not None:
+        gains = "  ".join(f"{t} {d} {g['value']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]" for t, (d, g) in
+                          enumerate(zip(results.matrix.experiences, ci["adaptation_gain_per_experience"]), start=1))
+        docs = ", ".join(f"{d} {n}" for d, n in ci["documents"].items())
+        lines += [f"  [low, high]: {ci['level']:.0%} intervals, paired bootstrap over evaluation documents ({docs}; "
+                  f"{ci['samples']} draws); base-to-base spread not included (--base-seeds)",
+                  f"  adaptation gain per experience: {gains}"]
     lines += [
         "",
         f"run folder   {folder}/",
@@ -152,6 +162,17 @@ def report(folder: Path, results: RunResults) -> str:
         f"TensorBoard: tensorboard --logdir {folder / 'tensorboard'}",
     ]
     return "\n".join(lines)
+
+
+def _intervals(results: RunResults) -> dict | None:
+    """Document-bootstrap intervals, when the run recorded per-document losses (runs made before
+    they were recorded have none)."""
+    from analysis.bootstrap import bootstrap
+
+    try:
+        return bootstrap(results) if results.matrix.is_complete else None
+    except ValueError:
+        return None
 
 
 def main(config: str, overrides: Sequence[str] = (), resume: bool = False, run_dir: str | None = None) -> int:

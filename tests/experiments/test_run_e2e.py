@@ -18,6 +18,12 @@ def events(folder: Path) -> EventAccumulator:
     return acc
 
 
+def tiny_split_docs(cfg, domain: str) -> list[int]:
+    from experiments.setup import load_setup
+
+    return load_setup(cfg).scenario.domains[domain].document_ids("eval")
+
+
 @pytest.mark.slow
 def test_tiny_stream_end_to_end(tiny):
     cfg = tiny.config(tiny.root / "e2e" / "e2e.yaml", runs_root=str(tiny.root / "e2e" / "runs"))
@@ -36,6 +42,12 @@ def test_tiny_stream_end_to_end(tiny):
     assert results.config_hash.startswith(folder.name.split("-")[-1])
     assert {"torch", "lightning"} <= set(results.versions)
     assert format_table(results) in out
+    # Per-document losses add up to every cell (so document intervals resample the same numbers).
+    for t in range(3):
+        for j, d in enumerate(matrix.domains):
+            docs = np.array(results.doc_losses[str(t)][d])
+            assert docs[:, 0].sum() / docs[:, 1].sum() == pytest.approx(matrix.values[t, j], rel=1e-6)
+            assert len(docs) == len(set(tiny_split_docs(cfg, d)))
     s = summary(results)
     assert f"{s['average_forgetting']:+.4f}" in out and f"{s['plasticity']:+.4f}" in out
     assert "tensorboard --logdir" in out
