@@ -55,10 +55,18 @@ def tokenize_documents(docs, tokenizer, domain: str):
 
 
 def pack_tokens(
-    values: np.ndarray, lengths: np.ndarray, seq_len: int, budget: int | None, eot_id: int, pad_id: int
+    values: np.ndarray, lengths: np.ndarray, seq_len: int, budget: int | None, eot_id: int, pad_id: int,
+    max_doc_tokens: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pack concatenated document tokens into (S, T + 1) windows; returns (tokens, doc_index)."""
+    """Pack concatenated document tokens into (S, T + 1) windows; returns (tokens, doc_index).
+    `max_doc_tokens`: keep only each document's first tokens (evaluation splits sized in documents)."""
+    values = np.asarray(values, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
+    if max_doc_tokens is not None:
+        doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        position = np.arange(len(values)) - np.repeat(doc_starts, lengths)  # position inside its document
+        values = values[position < max_doc_tokens]
+        lengths = np.minimum(lengths, max_doc_tokens)
     n_docs = len(lengths)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     stream = np.append(np.insert(np.asarray(values, dtype=np.int64), starts, eot_id), eot_id)
@@ -74,7 +82,8 @@ def pack_tokens(
     return stream[windows].astype(np.int32), doc_index[windows].astype(np.int32)
 
 
-def _pack_batch(batch, seq_len: int, budget: int | None, eot_id: int, pad_id: int) -> dict:
+def _pack_batch(batch, seq_len: int, budget: int | None, eot_id: int, pad_id: int,
+                max_doc_tokens: int | None = None) -> dict:
     import pyarrow.compute as pc
 
     col = batch.column("input_ids")
@@ -85,27 +94,33 @@ def _pack_batch(batch, seq_len: int, budget: int | None, eot_id: int, pad_id: in
         budget,
         eot_id,
         pad_id,
+        max_doc_tokens,
     )
     return {"input_ids": list(tokens), "doc_index": list(doc_index)}
 
 
-def pack_split(tokenized, rows: np.ndarray, budget: int | None, seq_len: int, tokenizer, domain: str, split: str):
-    """Packed segments of the documents `rows` (in that order) as a `datasets.Dataset`."""
+def pack_split(tokenized, rows: np.ndarray, budget: int | None, seq_len: int, tokenizer, domain: str, split: str,
+               max_doc_tokens: int | None = None):
+    """Packed segments of the documents `rows` (in that order) as a `datasets.Dataset`; with
+    `max_doc_tokens`, of each document's first `max_doc_tokens` tokens."""
     import datasets
 
     rows = np.asarray(rows, dtype=np.int64)
     features = datasets.Features(
         {"input_ids": datasets.List(datasets.Value("int32")), "doc_index": datasets.List(datasets.Value("int32"))}
     )
+    cut = () if max_doc_tokens is None else (f"max_doc_tokens={max_doc_tokens}",)  # whole documents: as before
     fp = fingerprint(
-        "pack", tokenized._fingerprint, hashlib.sha256(rows.tobytes()).hexdigest(), budget, seq_len, tokenizer.eot_id, tokenizer.pad_id
+        "pack", tokenized._fingerprint, hashlib.sha256(rows.tobytes()).hexdigest(), budget, seq_len, tokenizer.eot_id,
+        tokenizer.pad_id, *cut,
     )
     return (
         tokenized.select(rows)
         .with_format("arrow")
         .map(
             _pack_batch,
-            fn_kwargs={"seq_len": seq_len, "budget": budget, "eot_id": tokenizer.eot_id, "pad_id": tokenizer.pad_id},
+            fn_kwargs={"seq_len": seq_len, "budget": budget, "eot_id": tokenizer.eot_id, "pad_id": tokenizer.pad_id,
+                       "max_doc_tokens": max_doc_tokens},
             batched=True,
             batch_size=None,  # one batch: documents are packed across the whole split
             remove_columns=tokenized.column_names,

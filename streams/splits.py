@@ -35,6 +35,10 @@ class TokenBudget:
     # Held out for choosing settings (`cl.eval_split: dev`), so that the eval split, which tables
     # quote, is never used to choose them; 0 = none. At most the adapt budget.
     dev: int = 0
+    # At least this many evaluation documents, each cut to its first eval // eval_docs tokens, so
+    # that a domain of long documents (contracts, modules) is evaluated on many of them and
+    # intervals can resample documents; 0 = whole documents until the eval budget is reached.
+    eval_docs: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -44,9 +48,17 @@ class TokenBudget:
         for name in ("adapt", "eval"):
             if getattr(self, name) == 0:
                 raise ValueError(f"token_budget.{name} must be positive (every domain is streamed and evaluated)")
+        if self.eval_docs and self.eval // self.eval_docs < 16:
+            raise ValueError(f"token_budget.eval_docs ({self.eval_docs}) leaves {self.eval // self.eval_docs} tokens per "
+                             f"evaluation document; at most token_budget.eval // 16 = {self.eval // 16}")
         if self.dev > self.adapt:
             raise ValueError(f"token_budget.dev ({self.dev:,}) must not exceed token_budget.adapt ({self.adapt:,}): "
                              f"a development split is a held-out slice the size of (part of) one experience")
+
+    @property
+    def eval_doc_tokens(self) -> int | None:
+        """Tokens kept of each evaluation document (None: whole documents)."""
+        return self.eval // self.eval_docs if self.eval_docs else None
 
 
 @dataclass(frozen=True)
@@ -83,13 +95,30 @@ def plan_splits(doc_tokens: np.ndarray, budget: TokenBudget, occurrences: int, s
     costs = np.asarray(doc_tokens, dtype=np.int64) + 1
     order = domain_permutation(len(costs), seed, domain)
     cum = np.cumsum(costs[order])
+    cap = budget.eval_doc_tokens
+    # With eval_docs, an evaluation document costs at most its kept tokens: the eval part fills on
+    # those costs (so it holds about eval_docs documents), and every later part on whole documents.
+    n_eval = 0
+    if cap is not None:
+        eval_cum = np.cumsum(np.minimum(costs[order], cap + 1))
+        n_eval = int(np.searchsorted(eval_cum, budget.eval, side="left")) + 1
+        if n_eval > len(costs) or n_eval < budget.eval_docs:
+            n_eval = max(n_eval, budget.eval_docs)
+            if n_eval > len(costs):
+                raise StreamDataError(domain, f"has {len(costs):,} documents; token_budget.eval_docs "
+                                              f"{budget.eval_docs} needs at least that many for evaluation alone")
+        cum = np.concatenate([eval_cum[:n_eval], eval_cum[n_eval - 1] + np.cumsum(costs[order][n_eval:])])
     # dev comes after pretrain, so a budget without one leaves every other split as it was.
     wanted = [("eval", budget.eval), ("adapt", budget.adapt), ("pretrain", budget.pretrain), ("dev", budget.dev)]
     wanted += [("adapt", budget.adapt)] * (occurrences - 1)
     total = int(cum[-1]) if len(cum) else 0
     chosen: list[np.ndarray] = []
     start, filled = 0, 0
-    for _, b in wanted:
+    for name, b in wanted:
+        if name == "eval" and n_eval:  # sized in documents above
+            chosen.append(np.sort(order[:n_eval]))
+            start, filled = n_eval, int(cum[n_eval - 1])
+            continue
         if b == 0:
             chosen.append(np.empty(0, dtype=np.int64))
             continue

@@ -61,3 +61,11 @@ def test_every_target_predicted_once():
     for k, n in enumerate(lengths):
         stream += values[lengths[:k].sum() : lengths[:k].sum() + n].tolist() + [EOT]
     assert targets.tolist() == stream[1:]
+
+
+def test_documents_cut_to_their_first_tokens():
+    # Documents [10 11 12], [20], [30 31] cut to 2 tokens each: 0 10 11 0 20 0 30 31 0
+    tokens, doc = pack_tokens(np.array([10, 11, 12, 20, 30, 31]), np.array([3, 1, 2]), seq_len=4, budget=None,
+                              eot_id=EOT, pad_id=PAD, max_doc_tokens=2)
+    assert tokens.tolist() == [[0, 10, 11, 0, 20], [20, 0, 30, 31, 0]]
+    assert doc.tolist() == [[0, 0, 0, 1, 1], [1, 2, 2, 2, 2]]

@@ -243,5 +243,6 @@ def test_config_from_yaml_default():
     assert [d.name for d in cfg.domains] == ["math", "law", "code", "web"] == cfg.experience_domains
     assert [d.source for d in cfg.domains] == ["corpus:math", "corpus:law", "corpus:code", "corpus:web"]
     assert (cfg.seq_len, cfg.seed) == (512, 0)
-    assert dataclasses.asdict(cfg.token_budget) == {"pretrain": 1_024_000, "adapt": 153_600, "eval": 40_960, "dev": 0}
+    assert dataclasses.asdict(cfg.token_budget) == {"pretrain": 1_024_000, "adapt": 153_600, "eval": 40_960, "dev": 0,
+                                                    "eval_docs": 0}
     assert all(v % cfg.seq_len == 0 for v in dataclasses.asdict(cfg.token_budget).values())

@@ -100,3 +100,22 @@ def test_a_dev_split_is_held_out_after_pretrain_and_changes_nothing_else():
 def test_a_dev_split_larger_than_the_adapt_split_is_refused():
     with pytest.raises(ValueError, match=r"token_budget.dev \(200\) must not exceed token_budget.adapt \(100\)"):
         TokenBudget(adapt=100, dev=200)
+
+
+def test_eval_sized_in_documents_takes_many_capped_documents_and_leaves_the_rest_whole():
+    doc_tokens = np.full(200, 999)  # long documents: cost 1,000 each
+    plain = plan_splits(doc_tokens, TokenBudget(pretrain=20_000, adapt=5_000, eval=4_000), 1, seed=0, domain="d")
+    assert len(plain.eval) == 4
+    plan = plan_splits(doc_tokens, TokenBudget(pretrain=20_000, adapt=5_000, eval=4_000, eval_docs=20), 1, seed=0,
+                       domain="d")
+    assert len(plan.eval) == 20  # 20 documents of their first 200 tokens (+ separator)
+    perm = domain_permutation(200, 0, "d").tolist()
+    assert plan.eval.tolist() == sorted(perm[:20])
+    assert plan.adapt[0].tolist() == sorted(perm[20:25]) and len(plan.pretrain) == 20  # whole documents after
+
+
+def test_eval_docs_a_domain_cannot_meet_is_refused():
+    with pytest.raises(StreamDataError, match="has 10 documents; token_budget.eval_docs 30"):
+        plan_splits(np.full(10, 99), TokenBudget(pretrain=0, adapt=100, eval=3_000, eval_docs=30), 1, 0, "d")
+    with pytest.raises(ValueError, match="leaves 10 tokens per evaluation document"):
+        TokenBudget(eval=100, eval_docs=10)
