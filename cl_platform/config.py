@@ -51,6 +51,12 @@ from cl_platform.memory_policy import POLICIES
 from cl_platform.model import PRESETS, ModelConfig
 from cl_platform.results import Mode
 
+# "bf16-mixed": the slow weights' matrix multiplies run in bfloat16 under autocast (parameters,
+# optimiser state, losses and the fast-weight memory stay float32); about 1.5x faster on CPUs with
+# native bfloat16 (BENCHMARKS.md). "32-true": everything float32.
+Precision = typing.Literal["32-true", "bf16-mixed"]
+PRECISIONS = typing.get_args(Precision)
+
 __all__ = ["ConfigError", "PretrainConfig", "CLConfig", "StrategyConfig", "RunConfig", "load_config",
            "read_yaml", "to_yaml", "config_hash", "dict_diff"]
 
@@ -69,6 +75,9 @@ class PretrainConfig:
     grad_clip: float = 1.0  # max global norm of the dense gradients; 0 = off
     seed: int = 0  # initialisation and data order of the base model
     fwpkm: WriteRule = field(default_factory=WriteRule)  # how the memory writes while the base trains
+    # "bf16-mixed": slow-weight matmuls in bfloat16 under autocast (memory, parameters, losses stay
+    # float32), 1.5x faster on CPUs with native bfloat16; part of the base key.
+    precision: Precision = "32-true"
     log_every: int = 5
     eval_every: int = 50  # steps between evaluations of the loss curve on the eval splits
     eval_segments: int = 4  # segments per domain in those evaluations (the final one uses all)
@@ -87,6 +96,7 @@ class PretrainConfig:
         check(is_number(self.min_lr_ratio, 0.0) and self.min_lr_ratio <= 1, self, "min_lr_ratio", "must be in [0, 1]")
         check(is_int(self.seed), self, "seed", "must be an int")
         check(isinstance(self.fwpkm, WriteRule), self, "fwpkm", "must be a WriteRule")
+        check(self.precision in PRECISIONS, self, "precision", f"is not one of {list(PRECISIONS)}")
 
 
 # Used by the outer optimiser only: in 'fast' mode nothing reads them.
@@ -110,6 +120,7 @@ class CLConfig:
     eval_split: typing.Literal["eval", "dev"] = "eval"
     fwpkm: WriteRule = field(default_factory=WriteRule)  # the loader defaults it to pretrain.fwpkm
     fwpkm_by_layer: dict[str, WriteRule] = field(default_factory=dict)  # {"fwpkm3": rule}: one layer's own
+    precision: Precision = "32-true"  # of every forward in this phase (see PretrainConfig.precision)
     batch_size: int = 8
     eval_batch_size: int = 16
     lr: float = 3e-4  # finetune only
@@ -128,6 +139,7 @@ class CLConfig:
         check(self.mode in typing.get_args(Mode), self, "mode", f"is not one of {list(typing.get_args(Mode))}")
         check(self.eval_memory in POLICIES, self, "eval_memory", f"is not one of {sorted(POLICIES)}")
         check(self.eval_split in ("eval", "dev"), self, "eval_split", "is not one of ['eval', 'dev']")
+        check(self.precision in PRECISIONS, self, "precision", f"is not one of {list(PRECISIONS)}")
         for name in ("batch_size", "eval_batch_size", "curve_every", "curve_segments", "checkpoint_every",
                      "log_every", "devices"):
             check(is_int(getattr(self, name), 1), self, name, "must be a positive int")

@@ -119,7 +119,7 @@ class ContinualRunner:
         self.position = RunPosition()
         self.module = LMModule(model, phase=cl.mode, optim=optim, strategy=strategy,
                                memory_policy=get_memory_policy(cl.eval_memory), seed=config.seed,
-                               eval_domains=self.domains, position=self.position)
+                               eval_domains=self.domains, position=self.position, precision=cl.precision)
         self.results = RunResults(
             matrix=ResultsMatrix.empty(self.domains, self.experiences),
             config_hash=config_hash,

@@ -529,10 +529,13 @@ class FwPKM(nn.Module):
             g = torch.sigmoid(self.proj_g(self.norm_g(x)).to(dt).squeeze(-1))  # (B, T)
         else:
             g = torch.ones(x.shape[:2], dtype=dt, device=x.device)
-        out = fwpkm_chunked(
-            q, v, g, self._state(), cfg, rule,
-            write=self.writes_enabled, name=self.name, ranks=data_parallel_reducer(),
-        )
+        # Lookup, read-out and writes stay float32 under autocast: bfloat16 scores would change
+        # the top-k picks, and an 8-bit mantissa cannot hold a small write on top of a value.
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            out = fwpkm_chunked(
+                q, v, g, self._state(), cfg, rule,
+                write=self.writes_enabled, name=self.name, ranks=data_parallel_reducer(),
+            )
         # Kept as tensors (no device sync in the hot path); `last_stats` converts on demand.
         self._stats = {"gate_mean": g.detach().mean(), "value_update_norm": out.value_update_norm}
         if self.writes_enabled:

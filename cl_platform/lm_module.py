@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from cl_platform.config import PRECISIONS, Precision
 from cl_platform.fwpkm import NonFiniteWriteError
 from cl_platform.memory_policy import EvalMemoryPolicy, FrozenMemory, MemorySession
 from cl_platform.model import IGNORE_INDEX, FwPKMLM
@@ -119,10 +120,13 @@ class LMModule(L.LightningModule):
         seed: int = 0,
         eval_domains: list[str] | None = None,
         position: RunPosition | None = None,
+        precision: Precision = "32-true",
     ):
         super().__init__()
         if phase not in ("pretrain", "fast", "finetune"):
             raise ValueError(f"LMModule.phase must be 'pretrain', 'fast' or 'finetune', got {phase!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"LMModule.precision must be one of {list(PRECISIONS)}, got {precision!r}")
         if phase != "fast" and optim is None:
             raise ValueError(f"LMModule: phase {phase!r} trains slow weights and needs OptimSettings")
         self.automatic_optimization = False
@@ -132,6 +136,7 @@ class LMModule(L.LightningModule):
         self.strategy = strategy if strategy is not None else Strategy()
         self.memory_policy = memory_policy if memory_policy is not None else FrozenMemory()
         self.seed = seed
+        self.precision = precision
         self.eval_domains = list(eval_domains or [])
         self.position = position if position is not None else RunPosition()
         self.ctx: StrategyContext | None = None  # the current experience's, from begin_experience
@@ -148,6 +153,11 @@ class LMModule(L.LightningModule):
         for p in model.parameters():
             # Fast mode: slow weights are frozen, so nothing can train them by accident.
             p.requires_grad_(phase != "fast")
+
+    def autocast(self) -> torch.autocast:
+        """The forward passes' precision context (backward runs outside it, as autocast wants)."""
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed")
 
     def begin_experience(self, ctx: StrategyContext, label: str) -> None:
         """The strategy context the next training batches see, and the progress bar's label."""
@@ -195,7 +205,7 @@ class LMModule(L.LightningModule):
 
     def _fast_step(self, x: Tensor, y: Tensor, ctx: StrategyContext | None) -> dict[str, float]:
         self.model.eval()  # adaptation is inference: no dropout, no pSWA draws
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             _, lm = self.model(x, y)
         if ctx is not None:
             self.strategy.after_write(ctx)
@@ -208,11 +218,13 @@ class LMModule(L.LightningModule):
         for group in opt.param_groups:
             group["lr"] = lr
         self.model.train()
-        logits, lm = self.model(x, y)
-        losses: dict[str, Tensor] = {"lm": lm}
+        with self.autocast():
+            logits, lm = self.model(x, y)
+        losses: dict[str, Tensor] = {"lm": lm.float()}
         if ctx is not None:
             self.strategy.after_write(ctx)
-            extra = self.strategy.extra_losses(batch, {"logits": logits, "lm_loss": lm}, ctx)
+            with self.autocast():
+                extra = self.strategy.extra_losses(batch, {"logits": logits, "lm_loss": lm}, ctx)
             if "lm" in extra:
                 raise ValueError("a strategy returned a loss named 'lm', which is the language-model loss")
             losses.update(extra)
@@ -255,7 +267,9 @@ class LMModule(L.LightningModule):
         cross_entropy is log_softmax then nll_loss: computed so, the sum is bit for bit the
         fused one and the per-token losses come at no second softmax."""
         x, y = batch["input_ids"], batch["targets"]
-        logp = F.log_softmax(self.model(x).float().flatten(0, 1), dim=-1)  # (B·T, V)
+        with self.autocast():
+            logits = self.model(x)
+        logp = F.log_softmax(logits.float().flatten(0, 1), dim=-1)  # (B·T, V)
         total = F.nll_loss(logp, y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
         per_token = F.nll_loss(logp, y.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
         return float(total), int((y != IGNORE_INDEX).sum()), per_token

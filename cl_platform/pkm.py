@@ -86,7 +86,9 @@ class PKM(nn.Module):
         B, T, _ = x.shape
         c = self.config
         q = self.query(self.norm(x)).view(B, T, c.heads, c.d_key)  # (B, T, H, d_k)
-        look = self.lookup(q)  # (B, T, H, k) each
+        # The lookup runs in the keys' dtype even under autocast: bfloat16 scores change top-k picks.
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            look = self.lookup(q.to(self.keys.dtype))  # (B, T, H, k) each
         flat_idx = look.idx.reshape(B * T, c.heads * c.topk)  # (B·T, H·k)
         flat_w = look.weights.reshape(B * T, c.heads * c.topk).to(self.values.weight.dtype)
         read = self.values(flat_idx, per_sample_weights=flat_w)  # (B·T, d_v), summed over heads

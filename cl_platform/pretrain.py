@@ -94,7 +94,7 @@ class Pretrainer:
         # The memory writes by the pretraining rule, whatever rule the model was built with.
         model.set_write_rules(config.fwpkm)
         self.module = LMModule(model, phase="pretrain", optim=optim, seed=config.seed,
-                               eval_domains=list(eval_loaders))
+                               eval_domains=list(eval_loaders), precision=config.precision)
         self.position = self.module.position
         self.logger = TensorBoardLogger(save_dir=str(self.out_dir), name="", version="tensorboard",
                                         default_hp_metric=False)

@@ -38,6 +38,7 @@ class TokenBudget:
     # At least this many evaluation documents, each cut to its first eval // eval_docs tokens, so
     # that a domain of long documents (contracts, modules) is evaluated on many of them and
     # intervals can resample documents; 0 = whole documents until the eval budget is reached.
+    # The dev split's documents are cut the same way (dev fills its budget on the cut lengths).
     eval_docs: int = 0
 
     def __post_init__(self):
@@ -121,6 +122,18 @@ def plan_splits(doc_tokens: np.ndarray, budget: TokenBudget, occurrences: int, s
             continue
         if b == 0:
             chosen.append(np.empty(0, dtype=np.int64))
+            continue
+        if name == "dev" and cap is not None:
+            # The dev split mirrors eval: documents cut to the same first tokens, so that a
+            # setting chosen on dev is measured the way the eval split will measure it.
+            rest = np.minimum(costs[order][start:], cap + 1)
+            n_dev = int(np.searchsorted(np.cumsum(rest), b, side="left")) + 1
+            if n_dev > len(rest):
+                raise StreamDataError(domain, f"has too few documents left for token_budget.dev {b:,} "
+                                              f"({len(rest):,} documents after the other splits)")
+            chosen.append(np.sort(order[start:start + n_dev]))
+            filled += int(costs[order][start:start + n_dev].sum())
+            start += n_dev
             continue
         if filled + b > total:  # whole documents overshoot, so check part by part, not the sum
             need = sum(b for _, b in wanted)

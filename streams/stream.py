@@ -180,7 +180,7 @@ def load_domains(config: StreamConfig | str | Path, tokenizer: Tokenizer | None 
                 splits[part] = SplitData(d.name, part, _empty_segments(config.seq_len, tokenizer, d.name, part), rows)
                 continue
             split_budget = budget.adapt if part.startswith("adapt") else getattr(budget, part)
-            cut = budget.eval_doc_tokens if part == "eval" else None
+            cut = budget.eval_doc_tokens if part in ("eval", "dev") else None
             packed = pack_split(tokenized[d.name], rows, split_budget, config.seq_len, tokenizer, d.name, part, cut)
             segments = PackedSegments.from_hf(packed, tokenizer.eot_id, d.name, part)
             splits[part] = SplitData(d.name, part, segments, rows)

@@ -35,6 +35,8 @@ def test_defaults_are_valid_and_resolve_the_small_model(tmp_path):
         ("", ["pretrain.min_lr_ratio=2"], "pretrain.min_lr_ratio"),
         ("", ["pretrain.fwpkm.lr_values=-0.5"], "pretrain.fwpkm.lr_values"),
         ("", ["cl.fwpkm.chunk=1"], "cl.fwpkm.chunk"),
+        ("", ["cl.precision=fp16"], "cl.precision"),
+        ("pretrain: {precision: bf16}", [], "pretrain.precision"),
         ("", ["model.fwpkm.topk=0"], "model.fwpkm.topk"),
         ("", ["model.fwpkm_layers=[1,9]"], "model.fwpkm_layers"),
         ("", ["model.vocab_size=100"], "model"),

@@ -412,3 +412,27 @@ def test_reset_slots_reinitialises_only_the_given_rows():
     fresh = torch.empty(3, layer.config.d_value, dtype=torch.float64).normal_(
         0.0, 1.0 / layer.config.d_value**0.5, generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(layer.values[ids], fresh)  # drawn in the table's dtype (float64 here)
+
+
+def test_under_autocast_the_memory_math_stays_float32():
+    # bf16-mixed runs: the projections may run in bfloat16, the lookup, read-out and writes may not.
+    torch.manual_seed(0)
+    cfg = FwPKMConfig(num_subkeys=8, d_key=8, d_value=6, topk=4)
+    layer = FwPKM(16, cfg, WriteRule(chunk=8))
+    x = torch.randn(2, 21, 16, generator=torch.Generator().manual_seed(1))
+    seen = {}
+    for name in ("proj_q", "proj_v", "proj_g"):
+        getattr(layer, name).register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, o))
+    before = layer.snapshot()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)
+    assert seen["proj_q"].dtype == torch.bfloat16  # autocast was on for the slow weights
+    after = layer.snapshot()
+    assert after.values.dtype == after.keys.dtype == torch.float32
+    # The same q, v, g through the memory outside autocast give the same writes, bit for bit.
+    q, v = seen["proj_q"].float(), zscore(seen["proj_v"].float())
+    g = torch.sigmoid(seen["proj_g"].float().squeeze(-1))
+    ref = copy_state(before)
+    fwpkm_chunked(q, v, g, ref, cfg, layer.rule, write=True)
+    assert torch.equal(ref.values, after.values) and torch.equal(ref.keys, after.keys)
+    assert not torch.equal(before.values, after.values)

@@ -42,6 +42,8 @@ def test_the_base_key_ignores_domains_without_pretraining_tokens_and_the_listing
     # What does determine the weights changes it: the pretraining write rule, the architecture.
     assert base_key(load_setup(tiny.config(tmp_path / "c.yaml"), ["pretrain.fwpkm.lr_values=0.5"])) != key
     assert base_key(load_setup(tiny.config(tmp_path / "d.yaml"), ["model.window=8"])) != key
+    assert base_key(load_setup(tiny.config(tmp_path / "e.yaml"), ["pretrain.precision=bf16-mixed"])) != key
+    assert base_key(load_setup(tiny.config(tmp_path / "f.yaml"), ["cl.precision=bf16-mixed"])) == key
 
 
 def test_the_run_hash_follows_what_changes_results_only(tiny, tiny_base, tmp_path):
@@ -57,6 +59,7 @@ def test_the_run_hash_follows_what_changes_results_only(tiny, tiny_base, tmp_pat
     assert identity("cl.fwpkm_by_layer.fwpkm1.chunk=16") == plain
     assert identity("cl.fwpkm_by_layer.fwpkm1.chunk=8") != plain
     assert identity("cl.fwpkm.lr_keys=0.5") != plain and identity("seed=1") != plain
+    assert identity("cl.precision=bf16-mixed") != plain
     finetune = identity("cl.mode=finetune")
     assert identity("cl.mode=finetune", "cl.lr=0.001") != finetune  # read in finetune mode
 

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from streams.stream import load_domains, load_stream_config
 from streams.tokenizer_build import training_sample
@@ -14,12 +14,11 @@ DEFAULT = Path(__file__).resolve().parents[2] / "experiments" / "streams" / "def
 
 
 @pytest.mark.slow
-def test_default_stream_cold_build_and_tokenizer_sample(stream_cache):
+def test_default_stream_cold_build_and_tokenizer_sample(stream_cache, count_work):
+    # Timings of the cold build are benchmarks (experiments/LOG.md), not asserted here.
     cfg = dataclasses.replace(load_stream_config(DEFAULT), cache_dir=str(stream_cache / "default"))
-    t0 = time.perf_counter()
+    encode, pack = count_work
     domains = load_domains(cfg)
-    cold = time.perf_counter() - t0
-    assert cold < 60, f"cold build took {cold:.0f} s"
     b = cfg.token_budget
     for name in ("math", "law", "code", "web"):
         d = domains[name]
@@ -34,6 +33,8 @@ def test_default_stream_cold_build_and_tokenizer_sample(stream_cache):
     for name, rows in sample.items():
         held = set(domains[name].document_ids("eval")) | set(domains[name].document_ids("adapt"))
         assert held.isdisjoint(rows), name
-    t0 = time.perf_counter()
-    load_domains(cfg)
-    assert time.perf_counter() - t0 < cold
+    # A second load reads the cache: no document is tokenised or packed again.
+    encoded, packed = encode.calls, pack.calls
+    again = load_domains(cfg)
+    assert (encode.calls, pack.calls) == (encoded, packed)
+    assert torch.equal(again["law"].splits["eval"].segments.tokens, domains["law"].splits["eval"].segments.tokens)

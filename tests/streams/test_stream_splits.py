@@ -1,6 +1,8 @@
 """Document-level split assignment: disjoint, exact fill order, deterministic, clear when too small."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,22 @@ def test_eval_docs_a_domain_cannot_meet_is_refused():
         plan_splits(np.full(10, 99), TokenBudget(pretrain=0, adapt=100, eval=3_000, eval_docs=30), 1, 0, "d")
     with pytest.raises(ValueError, match="leaves 10 tokens per evaluation document"):
         TokenBudget(eval=100, eval_docs=10)
+
+
+def test_dev_mirrors_eval_documents_cut_to_the_same_length():
+    doc_tokens = np.full(200, 999)  # long documents: cost 1,000 each, 201 when cut to 200 tokens
+    budget = TokenBudget(pretrain=20_000, adapt=5_000, eval=4_000, eval_docs=20, dev=2_000)
+    plan = plan_splits(doc_tokens, budget, 1, seed=0, domain="d")
+    perm = domain_permutation(200, 0, "d").tolist()
+    # eval 20, adapt 5, pretrain 20 whole documents, then dev: 2,000 tokens of 201-token cuts = 10 documents
+    assert plan.dev.tolist() == sorted(perm[45:55])
+    without = plan_splits(doc_tokens, dataclasses.replace(budget, dev=0), 1, seed=0, domain="d")
+    for name in ("eval", "pretrain"):
+        assert np.array_equal(getattr(plan, name), getattr(without, name))
+    assert np.array_equal(plan.adapt[0], without.adapt[0])
+
+
+def test_a_dev_split_a_domain_cannot_fill_is_refused():
+    budget = TokenBudget(pretrain=0, adapt=1_000, eval=1_000, eval_docs=5, dev=1_000)
+    with pytest.raises(StreamDataError, match="too few documents left for token_budget.dev 1,000"):
+        plan_splits(np.full(12, 199), budget, 1, seed=0, domain="d")
