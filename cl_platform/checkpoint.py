@@ -45,7 +45,7 @@ def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any |
     """Read and check a checkpoint; `model_config` (if given) must equal the one it was saved for."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointError(f"checkpoint {path} {'is a folder, not a file' if path.is_dir() else 'does not exist'}")
     try:
         # weights_only: a checkpoint may come from elsewhere, and ours hold only tensors, numbers,
         # strings and containers (strategy states included: see cl_platform.strategy).
@@ -56,8 +56,12 @@ def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any |
             f"checkpoint {path} cannot be read: corrupted, truncated, or holding objects other than "
             f"tensors, numbers, strings and containers ({type(err).__name__}: {first})"
         ) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} is not a cl-platform checkpoint (format {data.get('format') if isinstance(data, dict) else None!r}, expected {FORMAT!r})")
+    found = data.get("format") if isinstance(data, dict) else None
+    if isinstance(found, str) and found.startswith(FORMAT.split("/")[0] + "/") and found != FORMAT:
+        raise CheckpointError(f"checkpoint {path} was saved by an incompatible version of cl-platform "
+                              f"(format {found!r}; this version reads {FORMAT!r})")
+    if found != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a cl-platform checkpoint (format {found!r}, expected {FORMAT!r})")
     if data.get("kind") != kind:
         raise CheckpointError(f"checkpoint {path} holds a {data.get('kind')!r} checkpoint, expected {kind!r}")
     if model_config is not None:

@@ -26,7 +26,8 @@ done, whether the experience has started), the run step and the results and curv
 written every `cl.checkpoint_every` steps and after every row. A run killed at any moment
 continues from it (`run(resume_from=...)`) and produces the same matrix as an uninterrupted run:
 randomness is reseeded from (seed, step) at every batch, so nothing depends on when the process
-started.
+started. The checkpoint also holds the wall seconds spent in each phase (row 0, each experience's
+training and its row), so the timings in run.json add up over restarts.
 
 Data parallelism (`cl.devices > 1`, finetune mode): Lightning DDP over CPU processes with gloo,
 each rank training on its shard of the experience. The paper's code lets every rank write its
@@ -47,7 +48,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -61,6 +62,7 @@ from cl_platform.config import RunConfig, dict_diff
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
 from cl_platform.memory_policy import get_memory_policy
 from cl_platform.model import FwPKMLM
+from cl_platform.provenance import PhaseClock
 from cl_platform.results import ResultsMatrix, RunResults, package_versions, perplexity
 from cl_platform.strategy import Strategy, StrategyContext
 from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders
@@ -130,6 +132,9 @@ class ContinualRunner:
             versions=package_versions(),
         )
         self.saved_step: int | None = None
+        # Wall seconds per phase ("row0_eval", "exp<t>_train", "exp<t>_eval"), in the checkpoint
+        # so that they add up over restarts; written to run.json after every row.
+        self.clock = PhaseClock()
         self.trainer: L.Trainer | None = None
         self.logger = TensorBoardLogger(save_dir=str(self.run_dir), name="", version="tensorboard", default_hp_metric=False)
         eval_loaders = stream[0].eval_loaders(cl.eval_batch_size, split=cl.eval_split)
@@ -145,17 +150,25 @@ class ContinualRunner:
         return rank_zero_only.rank == 0
 
     # --- the protocol ---------------------------------------------------------------------------
-    def run(self, resume_from: str | os.PathLike[str] | None = None) -> RunResults:
+    def run(self, resume_from: str | os.PathLike[str] | None = None,
+            on_restored: Callable[[], None] | None = None) -> RunResults:
+        """The whole stream, or what is left of it after `resume_from`; `on_restored` is called
+        once that checkpoint has loaded (the caller records the resume then, not before)."""
         quiet_lightning()
         if resume_from is not None:
             self._restore(resume_from)
             mark_restart(self.logger, self.position.step)
+        if on_restored is not None:
+            on_restored()
         matrix = self.results.matrix
         if matrix.last_complete_row < 0:
+            self.clock.start("row0_eval")
             self._evaluate_row(0)
             self.curve_point()
             self.save()
+            self._write_timings()
         for t in range(matrix.last_complete_row + 1, matrix.num_experiences + 1):
+            self.clock.start(f"exp{t}_train")
             exp = self.stream[t - 1]
             ctx = self._context(t, exp)
             self._train(ctx, exp)
@@ -163,9 +176,13 @@ class ContinualRunner:
             self.strategy.on_experience_end(ctx)
             if self._last_curve_step() != self.position.step:
                 self.curve_point()
+            self.clock.start(f"exp{t}_eval")
             self._evaluate_row(t)
             self.position.end_experience()
             self.save()
+            self._write_timings()
+        self.clock.stop()
+        self._write_timings()
         for cb in self._run_callbacks():
             cb.on_run_end(self)
         self.logger.finalize("success")
@@ -249,6 +266,7 @@ class ContinualRunner:
         for domain in self.domains:
             self.results.matrix.record(t, domain, self.module.last_eval[domain])
         self.results.doc_losses[str(t)] = self.module.last_eval_docs
+        self.results.row_steps[str(t)] = self.position.step
         row = {f"results/{d}/loss": v for d, v in self.module.last_eval.items()}
         log_scalars(self.logger, row, self.position.step)
         self._write_results()
@@ -272,6 +290,29 @@ class ContinualRunner:
         if self.is_rank_zero:
             self.results.to_json(self.results_path)
 
+    def _write_timings(self) -> None:
+        """run.json's `timings`: the base's (written with the folder: seconds, "cached" or
+        "given"), then the seconds of row 0, of each experience's training and of its row so far,
+        and their total (the sum; loading the stream and building the model are not in it).
+        Written right after each row's checkpoint with the seconds it holds (not flushed again),
+        so that run.json says exactly what a resume continues from; once more at the end."""
+        if not self.is_rank_zero:
+            return
+        seconds = dict(self.clock.seconds)
+
+        def add(meta: dict[str, Any]) -> None:
+            base = meta.get("timings", {}).get("base_pretraining")
+            experiences = [
+                {"experience": t, "domain": domain, "train": seconds.get(f"exp{t}_train", 0.0),
+                 "eval": seconds.get(f"exp{t}_eval", 0.0)}
+                for t, domain in enumerate(self.experiences, start=1) if f"exp{t}_train" in seconds
+            ]
+            before = base if isinstance(base, (int, float)) else 0.0
+            meta["timings"] = {"base_pretraining": base, "row0_eval": seconds.get("row0_eval", 0.0),
+                               "experiences": experiences, "total": before + sum(seconds.values())}
+
+        update_run_json(self.run_dir, add)
+
     def _optimizer_state(self) -> dict | None:
         trainer = self.trainer
         if trainer is not None and trainer.optimizers:
@@ -288,6 +329,7 @@ class ContinualRunner:
                 "strategy": self.strategy.state_dict(),
                 "results": self.results.to_dict(),
                 "position": self.position.state_dict(),
+                "seconds": self.clock.state_dict(),
             })
         self.saved_step = self.position.step
 
@@ -302,7 +344,10 @@ class ContinualRunner:
         saved = RunResults.from_dict(data["results"])
         self.results.matrix = saved.matrix
         self.results.curves = saved.curves
+        self.results.doc_losses = saved.doc_losses
+        self.results.row_steps = saved.row_steps
         self.position.load_state_dict(data["position"])
+        self.clock.load_state_dict(data.get("seconds", {}))  # checkpoints made before timings: none
         self.saved_step = self.position.step
 
 
@@ -348,13 +393,32 @@ def inspect_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity:
     return "resume", ckpt if ckpt.is_file() else None
 
 
-def create_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: dict[str, Any], resolved_yaml: str) -> None:
-    """A new run folder with its resolved config (config.yaml) and identity (run.json)."""
+def create_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: dict[str, Any], resolved_yaml: str,
+                   record: dict[str, Any] | None = None) -> None:
+    """A new run folder with its resolved config (config.yaml) and identity (run.json); `record`:
+    more for run.json (provenance: code, versions, machine, the base)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(resolved_yaml, encoding="utf-8")
     atomic_write_json(run_dir / "run.json", {"config_hash": config_hash, "identity": _as_json(identity),
-                                             "command": sys.argv, "created": time.strftime("%Y-%m-%d %H:%M:%S")})
+                                             "command": sys.argv, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                             **_as_json(record or {})})
+
+
+def record_resume(run_dir: str | os.PathLike[str], entry: dict[str, Any]) -> None:
+    """Append to run.json's `resumes` (the command, time and provenance of a process that
+    continues the run: it may run other code or on another machine than the one that began it)."""
+    entry = {"command": sys.argv, "at": time.strftime("%Y-%m-%d %H:%M:%S"), **_as_json(entry)}
+    update_run_json(run_dir, lambda meta: meta.setdefault("resumes", []).append(entry))
+
+
+def update_run_json(run_dir: str | os.PathLike[str], change: Callable[[dict[str, Any]], None]) -> None:
+    """Read run.json (empty if there is none: a runner used outside `create_run_dir`), let
+    `change` edit it in place, write it back atomically."""
+    path = Path(run_dir) / "run.json"
+    meta = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    change(meta)
+    atomic_write_json(path, meta)
 
 
 def _as_json(data: Any) -> Any:

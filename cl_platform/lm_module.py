@@ -104,6 +104,14 @@ class OptimSettings:
         return floor + 0.5 * (self.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+def precision_note(precision: str) -> str | None:
+    """A warning when bf16-mixed will be slow here: a CPU without native bfloat16 emulates it."""
+    if precision != "bf16-mixed" or torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return None
+    return ("precision bf16-mixed: this CPU has no native bfloat16, so it will run slower than 32-true; "
+            "set pretrain.precision=32-true cl.precision=32-true (results then differ from bf16 runs)")
+
+
 def step_seed(seed: int, step: int) -> int:
     """A 63-bit seed for (seed, step): distinct steps of distinct runs get unrelated streams."""
     return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 1) % (2**63)

@@ -18,7 +18,9 @@ same batches, learning rate and seeds as an uninterrupted one.
 The record (`pretrain.json`) holds the training-loss curve, the evaluation curve on the first
 `eval_segments` segments of every domain, the final loss on every full eval split, and the
 unigram baseline: the cross-entropy of the eval tokens under the (add-one smoothed) unigram
-distribution of the pretraining tokens — what a model that ignores context would get.
+distribution of the pretraining tokens — what a model that ignores context would get. It also
+holds its provenance (cl_platform.provenance): the fingerprint of the code that determines the
+weights (`code`), package versions, the machine and the wall seconds, summed over restarts.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from cl_platform.checkpoint import load_checkpoint, save_checkpoint
 from cl_platform.config import PretrainConfig
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, mean_loss
 from cl_platform.model import IGNORE_INDEX, FwPKMLM
+from cl_platform.provenance import VERSIONS, base_code, machine
+from cl_platform.results import package_versions
 from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders
 
 BASE = "base.ckpt"
@@ -107,6 +111,9 @@ class Pretrainer:
             "loss_curve": [],
             "eval_curve": {name: [] for name in eval_loaders},
             "seconds": 0.0,
+            # The code the pretraining starts with (a resumed one keeps its first session's): a
+            # cached base built by other code is found by comparing this (experiments/base.py).
+            "code": base_code(),
         }
 
     @property
@@ -149,6 +156,8 @@ class Pretrainer:
             final_eval=final,
             final_eval_mean=mean_loss(final.values()),
             seconds=seconds_before + time.perf_counter() - started,
+            versions=package_versions(VERSIONS),  # of the session that finished the base
+            machine=machine(),
         )
         log_scalars(self.logger, {f"pretrain/final/{d}": v for d, v in final.items()}, self.position.step)
         save_checkpoint(self.base_path, "base", self.module.model.config, {

@@ -217,6 +217,9 @@ class RunResults:
     # Per results row (as a string key: JSON) and domain, [Σ loss, tokens] of every document of
     # the evaluated split, so intervals can resample documents; R[t, j] = Σ loss / Σ tokens.
     doc_losses: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+    # The run step at which each results row was measured (row 0 at 0, row t where experience t
+    # ended): the experience boundaries on the curves' step axis.
+    row_steps: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.matrix, ResultsMatrix):
@@ -245,6 +248,11 @@ class RunResults:
             for row in self.doc_losses.values()
         ):
             raise ResultsFormatError("field 'doc_losses' must map rows to {domain: [[loss sum, tokens], ...]}")
+        if not isinstance(self.row_steps, dict) or not all(
+            isinstance(k, str) and not isinstance(v, bool) and isinstance(v, int) and v >= 0
+            for k, v in self.row_steps.items()
+        ):
+            raise ResultsFormatError("field 'row_steps' must map rows to run steps (ints >= 0)")
 
     def _checked_curve(self, domain: str, points: Any) -> Curve:
         where = f"curves[{domain!r}]"
@@ -286,6 +294,7 @@ class RunResults:
                 for domain, points in self.curves.items()
             },
             "doc_losses": self.doc_losses,
+            "row_steps": self.row_steps,
         }
 
     @classmethod
@@ -310,6 +319,7 @@ class RunResults:
             versions=data["versions"],
             curves=data.get("curves", {}),
             doc_losses=data.get("doc_losses", {}),
+            row_steps=data.get("row_steps", {}),
         )
 
     def to_json(self, path: str | os.PathLike[str]) -> None:

@@ -2,31 +2,47 @@
 or given by `base_checkpoint`.
 
     path, record, cached, weights = ensure_base(setup)     # pretrain once, reuse afterwards
+    identity, weights, record = given_base(setup, say)      # the file named by base_checkpoint
 
-The key (`experiments.setup.base_key`) covers everything that determines the base's weights, so a
-run that changes only the continual phase (its write rule, mode, strategy, seed) reuses the base,
-and one that changes the architecture or the pretraining gets its own. A pretraining killed
-part-way continues from its last checkpoint.
+The key (`experiments.setup.base_key`) covers the configuration and data that determine the base's
+weights, so a run that changes only the continual phase (its write rule, mode, strategy, seed)
+reuses the base, and one that changes the architecture or the pretraining gets its own. A
+pretraining killed part-way continues from its last checkpoint.
+
+The code that determines the weights (`cl_platform.provenance.BASE_CODE`) is checked beside the
+key, not hashed into it: every base records the per-file hashes of the code that built it, and a
+base (or an unfinished pretraining) whose record differs from the running code, or has none (made
+before bases recorded their code), is stale. By default a stale cached base is moved aside to
+`pretrain-<key[:12]>.stale-<its code hash[:12] or 'unknown'>` and rebuilt in place, and a stale
+`base_checkpoint` is refused; `reuse_stale=True` (`clp run --reuse-stale-base`) uses it anyway,
+and run.json says so. A check rather than the key, because it can say which files differ (a new
+key cannot), it finds bases made before the check with the same rule, and run folders (whose
+identity includes the base key) do not all change name at every code edit.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from cl_platform.checkpoint import CheckpointError, load_checkpoint
+from cl_platform.provenance import base_code, changed_modules
 from experiments.setup import Setup, base_key, build_model
+
+REUSE_FLAG = "--reuse-stale-base"
 
 
 def base_dir(setup: Setup, key: str) -> Path:
     return Path(setup.config.runs_root) / f"pretrain-{key[:12]}"
 
 
-def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], None] = print) -> tuple[Path, dict, bool, dict]:
+def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], None] = print,
+                reuse_stale: bool = False) -> tuple[Path, dict, bool, dict]:
     """The base model of this config: cached, or pretrained now. Returns (checkpoint path, record,
-    whether it was cached, model state dict)."""
-    from cl_platform.pretrain import BASE, Pretrainer
+    whether it was cached, model state dict). A cached base or unfinished pretraining built by
+    other code is moved aside and rebuilt, unless `reuse_stale`."""
+    from cl_platform.pretrain import BASE, PROGRESS, Pretrainer
     from streams import PretrainDataModule
 
     cfg = setup.config
@@ -37,8 +53,28 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
         data = load_checkpoint(base, "base", setup.model_config)
         if data.get("key") != key:
             raise CheckpointError(f"{base} was built for pretraining key {data.get('key')}, expected {key}; delete {out} to rebuild it")
-        say(f"base model: cached {base} ({describe(data['record'])})")
-        return base, data["record"], True, data["model"]
+        change = code_change(data["record"])
+        if change is None:
+            say(f"base model: cached {base} ({describe(data['record'])})")
+            return base, data["record"], True, data["model"]
+        if reuse_stale:
+            check_loads(base, data["model"], setup)  # other code may name or shape its weights otherwise
+            say(f"base model: cached {base} was built by {change}; reused anyway ({REUSE_FLAG}) "
+                f"({describe(data['record'])})")
+            return base, data["record"], True, data["model"]
+        aside = move_aside(out, data["record"])
+        say(f"base model: cached {base} was built by {change}: moved to {aside}, rebuilding "
+            f"({REUSE_FLAG} would reuse it)")
+    elif (out / PROGRESS).is_file():
+        # An unfinished pretraining continues only with the code it started with.
+        record = load_checkpoint(out / PROGRESS, "pretrain", setup.model_config).get("record", {})
+        change = code_change(record)
+        if change is not None and reuse_stale:
+            say(f"base model: the unfinished pretraining in {out} was started by {change}; continuing anyway ({REUSE_FLAG})")
+        elif change is not None:
+            aside = move_aside(out, record)
+            say(f"base model: the unfinished pretraining in {out} was started by {change}: moved to {aside}, "
+                f"starting over ({REUSE_FLAG} would continue it)")
     say(f"base model: pretraining {cfg.pretrain.steps} steps into {out} (built once, reused by later runs)")
     model = build_model(setup.model_config, cfg.pretrain.seed, cfg.pretrain.fwpkm)
     data_module = PretrainDataModule(setup.scenario, cfg.pretrain.batch_size, seed=cfg.pretrain.seed)
@@ -57,14 +93,74 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
     return base, record, False, model.state_dict()
 
 
-def given_base(setup: Setup, say: Callable[[str], None]) -> tuple[dict, dict]:
-    """The base named by `base_checkpoint`, checked against this run's architecture: (identity, weights)."""
-    path = setup.config.base_checkpoint
+def given_base(setup: Setup, say: Callable[[str], None], reuse_stale: bool = False) -> tuple[dict, dict, dict]:
+    """The base named by `base_checkpoint`, checked against this run's architecture and code:
+    (identity, weights, record). Every problem is a CheckpointError naming the file, raised
+    before anything is written or trained."""
+    path = Path(setup.config.base_checkpoint)
     data = load_checkpoint(path, "base", setup.model_config)
     if "key" not in data:
         raise CheckpointError(f"checkpoint {path} has no pretraining key")
-    say(f"base model: {path} (given by base_checkpoint)")
-    return {"source": "checkpoint", "key": data["key"]}, data["model"]
+    record = data.get("record") if isinstance(data.get("record"), dict) else {}
+    change = code_change(record)
+    if change is not None and not reuse_stale:
+        raise CheckpointError(f"checkpoint {path} was built by {change}; pass {REUSE_FLAG} to use it anyway, "
+                              f"or leave base_checkpoint unset to pretrain a base with this code")
+    check_loads(path, data["model"], setup)
+    note = "" if change is None else f"; built by {change}, used anyway ({REUSE_FLAG})"
+    say(f"base model: {path} (given by base_checkpoint{note})")
+    return {"source": "checkpoint", "key": data["key"]}, data["model"], record
+
+
+def code_change(record: dict) -> str | None:
+    """None when the base's recorded code is the running code; otherwise what built it, in words."""
+    changed = changed_modules(record.get("code"), base_code())
+    if changed is None:
+        return "unknown code (its record has no code fingerprint: it was made before bases recorded one)"
+    if not changed:
+        return None
+    return f"other code ({', '.join(changed)} differ{'s' if len(changed) == 1 else ''})"
+
+
+def move_aside(out: Path, record: dict) -> Path:
+    """Rename a stale base folder so that its key's folder is free for the rebuild; nothing is deleted."""
+    code = record.get("code") if isinstance(record.get("code"), dict) else {}
+    stem = f"{out.name}.stale-{str(code.get('combined', 'unknown'))[:12]}"
+    aside, n = out.with_name(stem), 1
+    while aside.exists():
+        n += 1
+        aside = out.with_name(f"{stem}-{n}")
+    out.rename(aside)
+    return aside
+
+
+def check_loads(path: Path, weights: dict, setup: Setup) -> None:
+    """A base's weights must fit this version's model exactly (names and shapes); torch's own
+    error would come later, after the run folder is made."""
+    model = build_model(setup.model_config, 0, setup.config.pretrain.fwpkm)
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError, TypeError) as err:
+        detail = " ".join(str(err).split())[:300]
+        raise CheckpointError(f"checkpoint {path} holds weights this version of cl-platform cannot load "
+                              f"into the model (saved by an incompatible version?): {detail}") from None
+
+
+def base_entry(path: Path, record: dict, how: str) -> dict[str, Any]:
+    """What run.json says about the base a run started from. `how`: "pretrained" (by this run),
+    "cached" or "given" (base_checkpoint)."""
+    changed = changed_modules(record.get("code"), base_code())
+    code = record.get("code") if isinstance(record.get("code"), dict) else {}
+    return {
+        "path": str(path),
+        "how": how,
+        "key": record.get("key"),
+        "code": code.get("combined"),  # None: made before bases recorded their code
+        # A base built by other code is only ever used when asked for (--reuse-stale-base).
+        "reused_stale": changed != [],
+        "changed_modules": changed if changed is not None else "unknown",
+        "pretraining_seconds": record.get("seconds"),
+    }
 
 
 def describe(record: dict) -> str:

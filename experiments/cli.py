@@ -7,6 +7,7 @@
     clp run CONFIG [key=value ...] [--resume] [--run-dir DIR]   the main job: stream the domains,
                                          results matrix
     clp run CONFIG [key=value ...] --seeds 0,1,2 [--base-seeds 0,1,2]   one run per seed, mean ± std
+    clp run|pretrain CONFIG --reuse-stale-base   use a base built by other code instead of rebuilding it
 
 `key=value` overrides a config field by its dotted path (`cl.fwpkm.lr_values=0.3`, `seed=1`,
 `order=[math,law]`, `cl.fwpkm.lookahead=false`); values are YAML, checked against the field's type.
@@ -57,7 +58,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.seeds is not None or args.base_seeds is not None:
             return _run_seeds(args)
-        return main(config=args.config, overrides=args.overrides, resume=args.resume, run_dir=args.run_dir)
+        return main(config=args.config, overrides=args.overrides, resume=args.resume, run_dir=args.run_dir,
+                    reuse_stale_base=args.reuse_stale_base)
     except _run_errors() as err:
         print(f"clp run: error: {err}", file=sys.stderr)
         return 2
@@ -71,7 +73,8 @@ def _run_seeds(args: argparse.Namespace) -> int:
         raise ConfigError("--run-dir cannot be combined with --seeds: every member run has its own folder")
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     base_seeds = parse_seeds(args.base_seeds, "--base-seeds") if args.base_seeds is not None else None
-    run_seeds(args.config, args.overrides, seeds, base_seeds)  # members always resume where they stopped
+    run_seeds(args.config, args.overrides, seeds, base_seeds,  # members always resume where they stopped
+              reuse_stale_base=args.reuse_stale_base)
     return 0
 
 
@@ -79,10 +82,14 @@ def _pretrain(args: argparse.Namespace) -> int:
     from experiments.pretrain import main
 
     try:
-        return main(config=args.config, overrides=args.overrides)
+        return main(config=args.config, overrides=args.overrides, reuse_stale_base=args.reuse_stale_base)
     except _run_errors() as err:
         print(f"clp pretrain: error: {err}", file=sys.stderr)
         return 2
+
+
+REUSE_HELP = ("use the base (cached, or base_checkpoint) even if it was built by other code than this "
+              "checkout's (default: rebuild a cached one, refuse a given one); run.json records it")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,11 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one run per continual-phase seed, then mean ± std (experiments/seeds.py)")
     run.add_argument("--base-seeds", default=None, metavar="0,1,2",
                      help="one base model per seed (pretrain.seed), each with every --seeds seed")
+    run.add_argument("--reuse-stale-base", action="store_true", help=REUSE_HELP)
     run.set_defaults(func=_run)
 
     pre = sub.add_parser("pretrain", help="train (or find cached) the base model of a run config")
     pre.add_argument("config", help="run YAML, e.g. experiments/default.yaml")
     pre.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides by dotted path")
+    pre.add_argument("--reuse-stale-base", action="store_true", help=REUSE_HELP)
     pre.set_defaults(func=_pretrain)
     return parser
 

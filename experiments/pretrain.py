@@ -2,6 +2,7 @@
 
     clp pretrain experiments/default.yaml
     clp pretrain experiments/default.yaml pretrain.steps=600
+    clp pretrain experiments/default.yaml --reuse-stale-base   # keep a base built by other code
 
 The base lives in `<runs_root>/pretrain-<key>/` (base.ckpt, pretrain.json with the loss curves and
 the unigram baseline, tensorboard/); `experiments/base.py` finds or builds it, `experiments/setup.py`
@@ -29,9 +30,9 @@ def report(record: dict) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, overrides: Sequence[str] = ()) -> int:
+def main(config: str, overrides: Sequence[str] = (), reuse_stale_base: bool = False) -> int:
     setup = load_setup(config, overrides)
-    path, record, _, _ = ensure_base(setup)
+    path, record, _, _ = ensure_base(setup, reuse_stale=reuse_stale_base)
     print(report(record))
     print(f"TensorBoard: tensorboard --logdir {path.parent / 'tensorboard'}")
     return 0

@@ -4,6 +4,7 @@
     clp run experiments/default.yaml cl.fwpkm.lr_values=0.3 seed=1   # dotted overrides (same base)
     clp run experiments/default.yaml --resume             # continue a killed run from its last checkpoint
     clp run other.yaml --run-dir runs/NAME --resume       # refused if that folder holds another config
+    clp run experiments/default.yaml --reuse-stale-base   # keep a base built by other code (experiments/base.py)
 
 The composition root: builds the stream (streams), the strategy (strategies) and the base model
 (experiments/setup.py, experiments/base.py), hands them to `cl_platform.engine.ContinualRunner`,
@@ -23,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from cl_platform.config import config_hash, to_yaml
 from cl_platform.results import ResultsMatrix, RunResults, perplexity
-from experiments.base import ensure_base, given_base
+from experiments.base import base_entry, ensure_base, given_base
 from experiments.setup import Setup, base_key, build_model, load_setup, make_strategy, run_identity
 
 
@@ -48,10 +49,13 @@ def execute(
     progress_bar: bool = True,
     say: Callable[[str], None] = print,
     callbacks: list | None = None,
+    reuse_stale_base: bool = False,
 ) -> tuple[Path, RunResults, Any]:
     """Everything `clp run` does but printing the final report: (run folder, results, runner or
-    None when the run was already complete)."""
-    from cl_platform.engine import ContinualRunner, create_run_dir, inspect_run_dir
+    None when the run was already complete). `reuse_stale_base`: use a base built by other code
+    instead of rebuilding (cached) or refusing (base_checkpoint) it; run.json records it."""
+    from cl_platform.engine import ContinualRunner, create_run_dir, inspect_run_dir, record_resume
+    from cl_platform.provenance import session
     from experiments.callbacks import default_callbacks
 
     setup = load_setup(config, overrides)
@@ -64,7 +68,8 @@ def execute(
     if cfg.base_checkpoint is None:
         base_id = {"source": "pretrain", "key": base_key(setup)}
     else:
-        base_id, weights = given_base(setup, say)
+        base_id, weights, record = given_base(setup, say, reuse_stale=reuse_stale_base)
+        base = base_entry(Path(cfg.base_checkpoint), record, "given")
     fields = run_identity(setup, base_id)
     run_hash = config_hash(fields)
     name = cfg.name or setup.config_path.stem
@@ -77,10 +82,20 @@ def execute(
     if state == "complete":
         say(f"run {folder} is already complete (same configuration hash {run_hash[:12]})")
         return folder, RunResults.from_json(folder / "results.json"), None
+    from cl_platform.lm_module import precision_note
+
+    for note in {precision_note(cfg.pretrain.precision), precision_note(cfg.cl.precision)} - {None}:
+        say(note)
     if weights is None:
-        _, _, _, weights = ensure_base(setup, progress_bar=progress_bar, say=say)
+        # A DDP child rank takes the base rank 0 has settled on; it never moves or rebuilds one.
+        path, record, cached, weights = ensure_base(setup, progress_bar=progress_bar, say=say,
+                                                    reuse_stale=reuse_stale_base or is_child_rank())
+        base = base_entry(path, record, "cached" if cached else "pretrained")
     if state == "new":
-        create_run_dir(folder, run_hash, fields, resolved_yaml(setup, run_hash, name))
+        # The base's wall time counts for this run only if this run pretrained it.
+        seconds = base["pretraining_seconds"] if base["how"] == "pretrained" else base["how"]
+        create_run_dir(folder, run_hash, fields, resolved_yaml(setup, run_hash, name),
+                       record={**session(), "base": base, "timings": {"base_pretraining": seconds}})
     model = build_model(setup.model_config, cfg.seed, cfg.pretrain.fwpkm)
     model.load_state_dict(weights)
     runner = ContinualRunner(
@@ -99,7 +114,9 @@ def execute(
     say(f"run {folder}: {cfg.cl.mode} mode, {len(setup.scenario)} experiences "
         f"({' -> '.join(exp.domain for exp in setup.scenario)}), strategy {cfg.strategy.name}, "
         f"eval memory policy {cfg.cl.eval_memory}, evaluated on the {cfg.cl.eval_split} split")
-    results = runner.run(resume_from=resume_from)
+    # A resume is recorded once its checkpoint has loaded: a refused one leaves the folder as it was.
+    resumed = None if state == "new" or is_child_rank() else (lambda: record_resume(folder, {**session(), "base": base}))
+    results = runner.run(resume_from=resume_from, on_restored=resumed)
     return folder, results, runner
 
 
@@ -152,16 +169,34 @@ def report(folder: Path, results: RunResults) -> str:
         lines += [f"  [low, high]: {ci['level']:.0%} intervals, paired bootstrap over evaluation documents ({docs}; "
                   f"{ci['samples']} draws); base-to-base spread not included (--base-seeds)",
                   f"  adaptation gain per experience: {gains}"]
+    speed = _gain_speed(results)
+    if speed:
+        lines.append(f"  steps into each experience until half / 90% of its final gain (forgetting-curve segments): {speed}")
     lines += [
         "",
         f"run folder   {folder}/",
-        "  config.yaml          resolved configuration (run.json: its hash and data fingerprints)",
+        "  config.yaml          resolved configuration (run.json: its hash and data fingerprints, code,",
+        "                       versions, machine, the base used, wall seconds per phase)",
         "  results.json         results matrix, forgetting curves, seed, mode, memory policy, versions",
         "  checkpoints/last.ckpt  model, fast weights, optimiser, strategy, data position",
         "  tensorboard/         curves eval/<domain>/loss, training losses, FwPKM statistics, matrix heatmap, hparams",
         f"TensorBoard: tensorboard --logdir {folder / 'tensorboard'}",
     ]
     return "\n".join(lines)
+
+
+def _gain_speed(results: RunResults) -> str | None:
+    """How fast each experience reached its gain, read off the forgetting curves (None for runs
+    made before rows recorded their steps)."""
+    from analysis.curves import fraction_reached, gain_curve
+
+    if not results.matrix.is_complete or not results.row_steps:
+        return None
+    parts = []
+    for t, domain in enumerate(results.matrix.experiences, start=1):
+        reached = fraction_reached(gain_curve(results, t))
+        parts.append(f"{t} {domain} " + "/".join("-" if reached[f] is None else str(reached[f]) for f in (0.5, 0.9)))
+    return "  ".join(parts)
 
 
 def _intervals(results: RunResults) -> dict | None:
@@ -175,8 +210,9 @@ def _intervals(results: RunResults) -> dict | None:
         return None
 
 
-def main(config: str, overrides: Sequence[str] = (), resume: bool = False, run_dir: str | None = None) -> int:
-    folder, results, _ = execute(config, overrides, resume=resume, run_dir=run_dir)
+def main(config: str, overrides: Sequence[str] = (), resume: bool = False, run_dir: str | None = None,
+         reuse_stale_base: bool = False) -> int:
+    folder, results, _ = execute(config, overrides, resume=resume, run_dir=run_dir, reuse_stale_base=reuse_stale_base)
     if not is_child_rank():
         print()
         print(report(folder, results))

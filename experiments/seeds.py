@@ -48,6 +48,7 @@ def run_seeds(
     base_seeds: Sequence[int] | None = None,
     progress_bar: bool = True,
     say: Callable[[str], None] = print,
+    reuse_stale_base: bool = False,
 ) -> tuple[Path, dict]:
     """Every (base seed, seed) member run, then the aggregate: (aggregate folder, aggregate)."""
     from experiments.run import execute
@@ -61,7 +62,8 @@ def run_seeds(
         label = f"seed {s}" if b is None else f"base {b} seed {s}"
         extra = [f"seed={s}"] + ([] if b is None else [f"pretrain.seed={b}"])
         say(f"--- {label} ({len(runs) + 1}/{len(members)})")
-        folder, results, _ = execute(config, [*overrides, *extra], resume=True, progress_bar=progress_bar, say=say)
+        folder, results, _ = execute(config, [*overrides, *extra], resume=True, progress_bar=progress_bar, say=say,
+                                     reuse_stale_base=reuse_stale_base)
         runs.append(results)
         labels.append(label)
         folders.append(str(folder))

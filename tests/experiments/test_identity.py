@@ -103,3 +103,18 @@ def test_settings_are_chosen_on_a_dev_split_that_leaves_the_base_and_the_eval_sp
     assert any("evaluated on the dev split" in line for line in said)
     assert on_dev.config_hash != on_eval.config_hash
     assert not (on_dev.matrix.values == on_eval.matrix.values).any()
+
+
+def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
+    from pathlib import Path
+
+    from cl_platform.config import load_config
+    from streams.stream import load_stream_config
+
+    root = Path(__file__).resolve().parents[2] / "experiments"
+    configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml"))}
+    assert {"default", "indomain"} <= set(configs)
+    default = configs["default"]
+    assert (default.pretrain.precision, default.cl.precision) == ("bf16-mixed", "bf16-mixed")
+    stream = load_stream_config(default.stream)  # resolved against the config file's folder
+    assert [d for d in stream.experience_domains if stream.budget(d).pretrain] == ["web"]

@@ -102,6 +102,8 @@ def test_sigkill_mid_experience_then_resume_gives_the_same_matrix(tiny, tmp_path
     assert a.matrix.is_complete
     assert np.array_equal(a.matrix.values, b.matrix.values), (a.matrix.values, b.matrix.values)
     assert a.curves == b.curves
+    assert a.doc_losses == b.doc_losses and a.row_steps == b.row_steps  # rows from before the kill too
+    assert sorted(a.doc_losses, key=int) == [str(t) for t in range(a.matrix.values.shape[0])]
     # TensorBoard: the points logged after the checkpoint and before the kill are superseded.
     for tag in ("eval/math/loss", "eval/code/loss", "train/lm"):
         assert tb_curve(whole_folder, tag) == tb_curve(folder, tag), tag

@@ -9,6 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from analysis.metrics import summary
 from analysis.table import format_table
+from analysis.curves import gain_curve
 from cl_platform.results import RunResults
 
 
@@ -56,6 +57,8 @@ def test_tiny_stream_end_to_end(tiny):
     # Forgetting curves: every domain at steps 0, 2, 4, 6 (end of math) ... 12 (end of code).
     steps = [0, 2, 4, 6, 8, 10, 12]
     assert all([p[0] for p in results.curves[d]] == steps for d in matrix.domains)
+    assert results.row_steps == {"0": 0, "1": 6, "2": 12}  # the experience boundaries
+    assert [s_ for s_, _ in gain_curve(results, 2)] == [0, 2, 4, 6]  # code's own experience, steps 6..12
 
     acc = events(folder)
     scalars = set(acc.Tags()["scalars"])

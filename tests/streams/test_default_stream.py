@@ -19,15 +19,17 @@ def test_default_stream_cold_build_and_tokenizer_sample(stream_cache, count_work
     cfg = dataclasses.replace(load_stream_config(DEFAULT), cache_dir=str(stream_cache / "default"))
     encode, pack = count_work
     domains = load_domains(cfg)
-    b = cfg.token_budget
     for name in ("math", "law", "code", "web"):
-        d = domains[name]
-        for split, budget in [("pretrain", b.pretrain), ("adapt", b.adapt), ("eval", b.eval)]:
+        d, b = domains[name], cfg.budget(name)
+        for split, budget in [("pretrain", b.pretrain), ("adapt", b.adapt), ("eval", b.eval), ("dev", b.dev)]:
             assert d.splits[split].n_tokens == budget
             assert len(d.splits[split].segments) == budget // cfg.seq_len
-        held = set(d.document_ids("eval")) | set(d.document_ids("adapt"))
-        assert held.isdisjoint(d.document_ids("pretrain"))
-    # The shipped tokenizer never saw a held-out or streamed document of the default stream.
+        parts = [set(d.document_ids(split)) for split in ("eval", "adapt", "pretrain", "dev")]
+        assert sum(map(len, parts)) == len(set().union(*parts))  # disjoint
+        assert len(d.document_ids("eval")) >= b.eval_docs and len(d.document_ids("dev")) >= b.eval_docs
+    assert [n for n in ("math", "law", "code", "web") if domains[n].splits["pretrain"].n_tokens] == ["web"]
+    # The shipped tokenizer never saw an evaluated or streamed document of the default stream (it
+    # may have seen web's dev documents, which come after web's pretraining documents).
     sample = training_sample(cache_dir=Path(cfg.cache_dir))
     assert set(sample) == {"math", "law", "code", "web"}
     for name, rows in sample.items():

@@ -243,6 +243,11 @@ def test_config_from_yaml_default():
     assert [d.name for d in cfg.domains] == ["math", "law", "code", "web"] == cfg.experience_domains
     assert [d.source for d in cfg.domains] == ["corpus:math", "corpus:law", "corpus:code", "corpus:web"]
     assert (cfg.seq_len, cfg.seed) == (512, 0)
-    assert dataclasses.asdict(cfg.token_budget) == {"pretrain": 1_024_000, "adapt": 153_600, "eval": 40_960, "dev": 0,
-                                                    "eval_docs": 0}
-    assert all(v % cfg.seq_len == 0 for v in dataclasses.asdict(cfg.token_budget).values())
+    assert dataclasses.asdict(cfg.token_budget) == {"pretrain": 1_024_000, "adapt": 153_600, "eval": 40_960,
+                                                    "dev": 40_960, "eval_docs": 0}
+    # The base is pretrained on web only; the novel domains' eval and dev splits hold >= 32 documents.
+    novel = {"pretrain": 0, "adapt": 153_600, "eval": 40_960, "dev": 40_960, "eval_docs": 32}
+    assert {d: dataclasses.asdict(cfg.budget(d)) for d in ("math", "law", "code")} == dict.fromkeys(("math", "law", "code"), novel)
+    assert cfg.budget("web") == cfg.token_budget
+    assert all(v % cfg.seq_len == 0 for d in cfg.experience_domains for k, v in dataclasses.asdict(cfg.budget(d)).items()
+               if k != "eval_docs")
