@@ -33,9 +33,10 @@ def mark_restart(logger: Any, step: int) -> None:
 
     experiment = getattr(logger, "experiment", None)
     get_writer = getattr(experiment, "_get_file_writer", None)
-    if get_writer is None:  # not rank zero, or not TensorBoard
+    writer = get_writer() if get_writer is not None else None
+    if writer is None:  # not TensorBoard, or not rank zero (Lightning's dummy experiment answers None)
         return
-    get_writer().add_event(Event(step=step + 1, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START)))
+    writer.add_event(Event(step=step + 1, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START)))
 
 
 class TrainingLogger(L.Callback):

@@ -229,10 +229,14 @@ class ContinualRunner:
             torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x1)
             self.strategy.on_experience_start(ctx)
             self.position.start_experience()
-        loader = exp.adapt_loader(self.config.cl.batch_size, start=self.position.segments_done)
+        # The loader shards the experience itself (shard_data=False): a resumed DDP run then reads
+        # the rest of the same sharded order (streams/datamodule.py:ResumableSampler).
+        trainer = make_trainer(self.config.cl.devices, self._lightning_callbacks, self.logger, self.progress_bar,
+                               shard_data=False)
+        loader = exp.adapt_loader(self.config.cl.batch_size, start=self.position.segments_done,
+                                  rank=trainer.global_rank, world=trainer.world_size)
         if len(loader) == 0:  # killed after the last batch's checkpoint: nothing left to stream
             return
-        trainer = make_trainer(self.config.cl.devices, self._lightning_callbacks, self.logger, self.progress_bar)
         try:
             trainer.fit(self.module, train_dataloaders=loader)
         except NonFiniteLossError as err:

@@ -1,6 +1,7 @@
 """`clp`: the platform's command line.
 
     clp bench layer [--quick]            FwPKM layer throughput / memory table (BENCHMARKS.md)
+    clp bench step [--quick]             training / evaluation step, float32 vs bf16-mixed (BENCHMARKS.md)
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
     clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
@@ -25,6 +26,12 @@ import sys
 
 def _bench_layer(args: argparse.Namespace) -> int:
     from experiments.bench_layer import main
+
+    return main(quick=args.quick, threads=args.threads)
+
+
+def _bench_step(args: argparse.Namespace) -> int:
+    from experiments.bench_step import main
 
     return main(quick=args.quick, threads=args.threads)
 
@@ -101,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     layer.add_argument("--quick", action="store_true", help="fewer sizes and repeats (smoke run)")
     layer.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     layer.set_defaults(func=_bench_layer)
+    step = bench.add_parser("step", help="model step time, float32 vs bf16-mixed")
+    step.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    step.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    step.set_defaults(func=_bench_step)
 
     tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
     build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")

@@ -18,38 +18,57 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 class ResumableSampler(Sampler[int]):
-    """Indices 0..n-1, in order or in a seeded per-epoch permutation, starting at `start`.
+    """Indices 0..n-1, in order or in a seeded per-epoch permutation, starting at `start`; under
+    data parallelism, this rank's share of them.
 
     `start` applies to the next pass only (the pass after it starts at 0 again), so resuming
-    in the middle of an epoch is `set_epoch(e); set_start(samples_done_in_e)`.
+    in the middle of an epoch is `set_epoch(e); set_start(samples_done_in_e)`. `start` counts
+    samples of the whole (global) order, as the runners count what all ranks have consumed.
+
+    Sharding (`world > 1`) is that of torch's DistributedSampler without shuffling: the order is
+    padded with its own first indices to a multiple of `world`, and rank r reads positions r,
+    r + world, ... . It is done here, not by Lightning's wrapper, so that a resumed pass shards the
+    *rest of the same padded order*: sharding a shortened order would pad it with other samples
+    whenever the rest is not a multiple of `world`, and a resumed DDP run would differ.
     """
 
-    def __init__(self, n: int, shuffle: bool = False, seed: int = 0, start: int = 0):
+    def __init__(self, n: int, shuffle: bool = False, seed: int = 0, start: int = 0, rank: int = 0, world: int = 1):
+        if not (isinstance(world, int) and world >= 1 and 0 <= rank < world):
+            raise ValueError(f"rank {rank} / world {world}: need 0 <= rank < world")
         self.n = n
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self.rank, self.world = rank, world
         self.set_start(start)
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at every epoch start
         self.epoch = epoch
 
     def set_start(self, start: int) -> None:
-        if not 0 <= start <= self.n:
-            raise ValueError(f"start={start} is outside 0..{self.n}")
+        if not 0 <= start <= self._padded:
+            raise ValueError(f"start={start} is outside 0..{self._padded}")
+        if start % self.world:
+            raise ValueError(f"start={start} is not a multiple of the {self.world} ranks: every step consumes "
+                             f"the same number of samples on each rank")
         self.start = start
 
+    @property
+    def _padded(self) -> int:
+        return -(-self.n // self.world) * self.world if self.n else 0
+
     def order(self) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.n)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        """The global order of one pass, padded to a multiple of `world` (torch's rule)."""
+        base = np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
+        pad = self._padded - self.n
+        return np.concatenate([base, np.resize(base, pad)]) if pad else base
 
     def __iter__(self):
         start, self.start = self.start, 0
-        yield from (int(i) for i in self.order()[start:])
+        yield from (int(i) for i in self.order()[start + self.rank::self.world])
 
     def __len__(self) -> int:
-        return self.n - self.start
+        return (self._padded - self.start) // self.world
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "start": self.start}
@@ -60,10 +79,12 @@ class ResumableSampler(Sampler[int]):
 
 
 def segment_loader(
-    dataset: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0, start: int = 0, num_workers: int = 0
+    dataset: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0, start: int = 0, num_workers: int = 0,
+    rank: int = 0, world: int = 1,
 ) -> DataLoader:
-    """A DataLoader of segment dicts (`input_ids`, `targets`, `doc_index`, `doc_start`: (B, T))."""
-    sampler = ResumableSampler(len(dataset), shuffle=shuffle, seed=seed, start=start)
+    """A DataLoader of segment dicts (`input_ids`, `targets`, `doc_index`, `doc_start`: (B, T));
+    with `world > 1`, rank `rank`'s shard (the Trainer must then not shard it again)."""
+    sampler = ResumableSampler(len(dataset), shuffle=shuffle, seed=seed, start=start, rank=rank, world=world)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)
 
 

@@ -48,9 +48,11 @@ class DomainExperience(SplitExperience):
         self.dev_data = dev_data or {}
         self.eval_datasets = {name: d.dataset for name, d in eval_data.items()}
 
-    def adapt_loader(self, batch_size: int, start: int = 0, num_workers: int = 0):
-        """The adapt segments in stream order (never shuffled); `start` skips segments (resume)."""
-        return segment_loader(self.data.segments, batch_size, shuffle=False, start=start, num_workers=num_workers)
+    def adapt_loader(self, batch_size: int, start: int = 0, num_workers: int = 0, rank: int = 0, world: int = 1):
+        """The adapt segments in stream order (never shuffled); `start` skips segments (resume,
+        counted over all ranks); `rank`/`world`: this rank's shard under data parallelism."""
+        return segment_loader(self.data.segments, batch_size, shuffle=False, start=start, num_workers=num_workers,
+                              rank=rank, world=world)
 
     def eval_loaders(self, batch_size: int, num_workers: int = 0, split: str = "eval") -> dict:
         """One in-order DataLoader per domain's `split` ("eval", or "dev" to choose settings

@@ -164,6 +164,24 @@ def test_resumable_sampler():
     assert list(ResumableSampler(5)) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("n, world", [(13, 2), (12, 2), (10, 3), (7, 4)])
+def test_sharded_sampler_is_torchs_distributed_sampler_and_resumes_the_same_shards(n, world):
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = list(range(n))
+    for rank in range(world):
+        torch_shard = list(DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False))
+        assert list(ResumableSampler(n, rank=rank, world=world)) == torch_shard
+        for done in range(0, -(-n // world) * world + 1, world):  # samples consumed by all ranks so far
+            resumed = ResumableSampler(n, rank=rank, world=world, start=done)
+            assert len(resumed) == len(torch_shard) - done // world
+            assert list(resumed) == torch_shard[done // world:]
+    shuffled = [list(ResumableSampler(n, shuffle=True, seed=3, rank=r, world=world)) for r in range(world)]
+    assert {i for shard in shuffled for i in shard} == set(range(n)) and all(len(s) == -(-n // world) for s in shuffled)
+    with pytest.raises(ValueError, match="not a multiple of the 2 ranks"):
+        ResumableSampler(13, rank=0, world=2, start=3)
+
+
 def test_user_domain_from_jsonl(tmp_path, stream_cache):
     import json
 
