@@ -2,6 +2,7 @@
 
     clp bench layer [--quick]            FwPKM layer throughput / memory table (BENCHMARKS.md)
     clp bench step [--quick]             training / evaluation step, float32 vs bf16-mixed (BENCHMARKS.md)
+    clp recall CONFIG [--seeds 0,1,2]    associative recall beyond the attention window, with and without FwPKM
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
     clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
@@ -34,6 +35,13 @@ def _bench_step(args: argparse.Namespace) -> int:
     from experiments.bench_step import main
 
     return main(quick=args.quick, threads=args.threads)
+
+
+def _recall(args: argparse.Namespace) -> int:
+    from experiments.recall import main
+    from experiments.seeds import parse_seeds
+
+    return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None)
 
 
 def _tokenizer_build(args: argparse.Namespace) -> int:
@@ -112,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
     step.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     step.set_defaults(func=_bench_step)
+
+    recall = sub.add_parser("recall", help="associative recall beyond the attention window (issue 8)")
+    recall.add_argument("config", help="recall YAML, e.g. experiments/recall.yaml")
+    recall.add_argument("--seeds", default=None, help="comma-separated seeds, replacing the file's (e.g. 0,1,2)")
+    recall.set_defaults(func=_recall)
 
     tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
     build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")
