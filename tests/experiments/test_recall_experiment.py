@@ -1,5 +1,6 @@
 """The recall experiment: bad configs named before any training; and, trained for a few hundred
-steps, the FwPKM model recalls pairs beyond its attention window while attention alone is at chance."""
+steps, the FwPKM model recalls pairs beyond its attention window while attention alone, and the
+memory without its look-ahead target, stay at chance."""
 import json
 
 import pytest
@@ -30,7 +31,7 @@ def test_bad_configs_are_named(tmp_path, fields, message):
 
 @pytest.mark.slow
 def test_fwpkm_recalls_beyond_the_window_and_attention_alone_does_not(tmp_path):
-    exp = RecallExperiment(recall={"num_keys": 32, "num_values": 32, "num_filler": 30, "num_pairs": 2, "seq_len": 48},
+    exp = RecallExperiment(variants=["attention", "fwpkm", "fwpkm-no-lookahead"], recall={"num_keys": 32, "num_values": 32, "num_filler": 30, "num_pairs": 2, "seq_len": 48},
                            steps=250, batch_size=16, eval_distances=[24, 40], eval_sequences=32, seeds=[0],
                            runs_root=str(tmp_path / "runs"))
     said = []
@@ -39,8 +40,9 @@ def test_fwpkm_recalls_beyond_the_window_and_attention_alone_does_not(tmp_path):
     for d in ("24", "40"):  # both far beyond the 8-token window
         assert summary["fwpkm"][d][0] >= 0.9, summary
         assert summary["attention"][d][0] <= 4 * chance, summary
+        assert summary["fwpkm-no-lookahead"][d][0] <= 4 * chance, summary  # the paper's ablation: recall collapses
     saved = json.loads((folder / "results.json").read_text())
-    assert saved["summary"] == json.loads(json.dumps(summary)) and len(saved["runs"]) == 2
+    assert saved["summary"] == json.loads(json.dumps(summary)) and len(saved["runs"]) == 3
     again = []
     run(exp, say=again.append)  # finished (variant, seed) pairs are read back, not retrained
     assert not any(line.startswith("training") for line in again)
