@@ -3,6 +3,7 @@ cost in each precision, printed as the table kept in BENCHMARKS.md.
 
     clp bench step               # small preset, B = 8, T = 512, float32 vs bf16-mixed
     clp bench step --quick       # fewer repeats (smoke run)
+    clp bench step --variants    # the baseline family (issue 8): attention only, + PKM, + FwPKM, + both
 
 It runs the LMModule's own code paths outside Lightning: `training_step`'s forward through the
 writes, backward, clipping and the MixedAdamW step (phase `pretrain`); the evaluation forward with
@@ -20,22 +21,33 @@ import torch
 BATCH, SEQ, VOCAB = 8, 512, 4096
 
 
-def _module(precision: str):
+# The baseline family of issue 8 on the small preset: which layers hold which memory.
+VARIANTS = {
+    "attention only": dict(fwpkm_layers=[], pkm_layers=[]),
+    "+ PKM (layer 2)": dict(fwpkm_layers=[], pkm_layers=[2]),
+    "+ FwPKM (layers 1, 3)": dict(fwpkm_layers=[1, 3], pkm_layers=[]),
+    "+ both": dict(fwpkm_layers=[1, 3], pkm_layers=[2]),
+}
+
+
+def _module(precision: str, layers: dict | None = None):
     from cl_platform.fwpkm import WriteRule
     from cl_platform.lm_module import LMModule, OptimSettings
     from cl_platform.model import FwPKMLM, ModelConfig
 
     torch.manual_seed(0)
-    config = dataclasses.replace(ModelConfig.from_preset("small"), vocab_size=VOCAB)
+    config = dataclasses.replace(ModelConfig.from_preset("small"), vocab_size=VOCAB, **(layers or {}))
     model = FwPKMLM(config, WriteRule(lr_values=1.0, chunk=128))
     return LMModule(model, phase="pretrain", optim=OptimSettings(lr=1.5e-3), precision=precision)
 
 
-def main(quick: bool = False, threads: int | None = None) -> int:
+def main(quick: bool = False, threads: int | None = None, variants: bool = False) -> int:
     from cl_platform.optim import MixedAdamW
 
     if threads:
         torch.set_num_threads(threads)
+    if variants:
+        return _variants(quick)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
     batch = {"input_ids": tokens[:, :-1], "targets": tokens[:, 1:]}
@@ -81,4 +93,54 @@ def main(quick: bool = False, threads: int | None = None) -> int:
                     times[p].append(time.perf_counter() - t0)
         a, b = (statistics.median(times[p]) * 1e3 for p in ("32-true", "bf16-mixed"))
         print(f"{name:34s} {a:8.0f} ms {b:8.0f} ms {a / b:8.2f}x")
+    return 0
+
+
+def _variants(quick: bool) -> int:
+    """Tokens/s of each variant's training step and fast-mode forward, in both precisions."""
+    from cl_platform.model import count_parameters
+    from cl_platform.optim import MixedAdamW
+
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    reps = 2 if quick else 5
+    print(f"small preset, B = {BATCH}, T = {SEQ}, {torch.get_num_threads()} threads; tokens/s, median of {reps} "
+          f"(after 1 warm-up step); ratio = attention-only tokens/s / the variant's")
+    print(f"{'variant':24s} {'active params':>14s} {'precision':>11s} {'train tok/s':>12s} {'ratio':>6s} "
+          f"{'fast tok/s':>11s} {'ratio':>6s}")
+    reference: dict[str, tuple[float, float]] = {}
+    for name, layers in VARIANTS.items():
+        for precision in ("32-true", "bf16-mixed"):
+            m = _module(precision, layers)
+            opt = MixedAdamW(m.model.optimizer_groups(0.1, 1.5e-3))
+
+            def train():
+                m.model.train()
+                with m.autocast():
+                    _, loss = m.model(x, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([q for q in m.model.parameters() if q.grad is not None and not q.grad.is_sparse], 1.0)
+                opt.step()
+
+            def fast():
+                m.model.eval()
+                with torch.no_grad(), m.autocast():
+                    m.model(x, y)
+
+            rates = []
+            for fn in (train, fast):
+                fn()
+                times = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+                rates.append(BATCH * SEQ / statistics.median(times))
+            reference.setdefault(precision, tuple(rates))
+            ref = reference[precision]
+            active = count_parameters(m.model)["active"]
+            print(f"{name:24s} {active / 1e6:12.2f} M {precision:>11s} {rates[0]:12,.0f} {ref[0] / rates[0]:5.2f}x "
+                  f"{rates[1]:11,.0f} {ref[1] / rates[1]:5.2f}x", flush=True)
     return 0

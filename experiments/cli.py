@@ -34,7 +34,7 @@ def _bench_layer(args: argparse.Namespace) -> int:
 def _bench_step(args: argparse.Namespace) -> int:
     from experiments.bench_step import main
 
-    return main(quick=args.quick, threads=args.threads)
+    return main(quick=args.quick, threads=args.threads, variants=args.variants)
 
 
 def _recall(args: argparse.Namespace) -> int:
@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     step = bench.add_parser("step", help="model step time, float32 vs bf16-mixed")
     step.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
     step.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    step.add_argument("--variants", action="store_true", help="the baseline family: attention only, + PKM, + FwPKM, + both")
     step.set_defaults(func=_bench_step)
 
     recall = sub.add_parser("recall", help="associative recall beyond the attention window (issue 8)")
