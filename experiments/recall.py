@@ -26,9 +26,16 @@ from typing import Any, Callable
 from cl_platform.check import check, from_mapping, is_int, is_number, read_yaml
 from streams.recall import RecallConfig
 
-# fwpkm: the same model with an FwPKM layer at `fwpkm_layer`; fwpkm-no-lookahead: its value
-# target is the token's own value (y_t = v_t) instead of the next token's (the paper's ablation).
-VARIANTS = ("attention", "fwpkm", "fwpkm-no-lookahead")
+# fwpkm: the same model with an FwPKM layer at `fwpkm_layer`. The paper's ablations, one change
+# each: -no-lookahead (value target y_t = v_t, not v_{t+1}), -no-gate (g = 1), -no-target-norm
+# (values not z-scored), -no-addr-loss (λ = 0: the keys are never written).
+ABLATIONS = {
+    "fwpkm-no-lookahead": ("rule", {"lookahead": False}),
+    "fwpkm-no-gate": ("arch", {"gate": False}),
+    "fwpkm-no-target-norm": ("arch", {"target_norm": False}),
+    "fwpkm-no-addr-loss": ("rule", {"addr_weight": 0.0}),
+}
+VARIANTS = ("attention", "fwpkm", *ABLATIONS)
 
 
 @dataclass
@@ -77,8 +84,10 @@ def model_config(exp: RecallExperiment, variant: str):
     from cl_platform.fwpkm import FwPKMConfig
     from cl_platform.model import ModelConfig
 
+    kind, change = ABLATIONS.get(variant, ("", {}))
+    arch = {**exp.fwpkm, **(change if kind == "arch" else {})}
     return ModelConfig(vocab_size=exp.recall_config.vocab_size, n_layer=exp.n_layer, d_model=exp.d_model,
-                       n_head=exp.n_head, window=exp.window, fwpkm=FwPKMConfig(**exp.fwpkm),
+                       n_head=exp.n_head, window=exp.window, fwpkm=FwPKMConfig(**arch),
                        fwpkm_layers=[] if variant == "attention" else [exp.fwpkm_layer])
 
 
@@ -96,7 +105,8 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     quiet_lightning()
     cfg = exp.recall_config
     torch.manual_seed(seed)
-    rule = WriteRule(chunk=exp.chunk, persistence="reset_per_call", lookahead=variant != "fwpkm-no-lookahead")
+    kind, change = ABLATIONS.get(variant, ("", {}))
+    rule = WriteRule(chunk=exp.chunk, persistence="reset_per_call", **(change if kind == "rule" else {}))
     model = FwPKMLM(model_config(exp, variant), rule)
     # Training sequences put their queries at the end of the segment (the longest distance);
     # evaluation asks at other distances too. Training at uniformly drawn distances did not learn
@@ -111,6 +121,7 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     train_loss = module.last_losses["lm"]
     model.eval()
     accuracy = {}
+    health: dict[str, list[float]] = {}
     with torch.no_grad():
         for d in exp.eval_distances:
             test = recall_batch(cfg, exp.eval_sequences, [d] * exp.eval_sequences, seed=10_000 + 7 * seed + d)
@@ -118,10 +129,16 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
             for i in range(exp.eval_sequences):  # one sequence per forward: its own fresh memory
                 ids, tgt = test["input_ids"][i:i + 1], test["targets"][i:i + 1]
                 mask = tgt != IGNORE_INDEX
+                for layer in model.fwpkm_layers():
+                    layer.reset_read_counts()
                 hits += int((model(ids).argmax(-1)[mask] == tgt[mask]).sum())
                 total += int(mask.sum())
+                for layer in model.fwpkm_layers():  # addressing health of this sequence's reads
+                    for name, value in layer.usage_stats().items():
+                        health.setdefault(name, []).append(value)
             accuracy[str(d)] = hits / total
-    return {"variant": variant, "seed": seed, "final_train_loss": train_loss, "accuracy": accuracy}
+    return {"variant": variant, "seed": seed, "final_train_loss": train_loss, "accuracy": accuracy,
+            "addressing": {name: statistics.fmean(values) for name, values in health.items()}}
 
 
 def run(exp: RecallExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:

@@ -46,3 +46,19 @@ def test_fwpkm_recalls_beyond_the_window_and_attention_alone_does_not(tmp_path):
     again = []
     run(exp, say=again.append)  # finished (variant, seed) pairs are read back, not retrained
     assert not any(line.startswith("training") for line in again)
+
+
+def test_each_ablation_changes_one_setting_of_the_fwpkm_variant():
+    from experiments.recall import ABLATIONS, VARIANTS, model_config
+
+    exp = RecallExperiment()
+    full = model_config(exp, "fwpkm")
+    assert model_config(exp, "attention").fwpkm_layers == [] and full.fwpkm_layers == [exp.fwpkm_layer]
+    assert set(VARIANTS) == {"attention", "fwpkm", *ABLATIONS}
+    for variant, (kind, change) in ABLATIONS.items():
+        arch = model_config(exp, variant)
+        assert arch.fwpkm_layers == full.fwpkm_layers
+        if kind == "arch":  # the architecture differs in exactly the named fields
+            assert {k for k in vars(full.fwpkm) if getattr(full.fwpkm, k) != getattr(arch.fwpkm, k)} == set(change)
+        else:
+            assert arch == full  # the write rule carries the change (checked by the slow test for look-ahead)
