@@ -42,6 +42,7 @@ evaluations run the full eval splits on every rank (no reduction), and rank 0 wr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -345,11 +346,10 @@ class ContinualRunner:
         self.module.model.load_state_dict(data["model"])
         self.module.load_optimizer_state(data["optimizer"])
         self.strategy.load_state_dict(data["strategy"])
+        # Everything the results held at the checkpoint (matrix, curves, per-document losses, row
+        # steps, ...); only the package versions are this process's.
         saved = RunResults.from_dict(data["results"])
-        self.results.matrix = saved.matrix
-        self.results.curves = saved.curves
-        self.results.doc_losses = saved.doc_losses
-        self.results.row_steps = saved.row_steps
+        self.results = dataclasses.replace(saved, versions=self.results.versions)
         self.position.load_state_dict(data["position"])
         self.clock.load_state_dict(data.get("seconds", {}))  # checkpoints made before timings: none
         self.saved_step = self.position.step

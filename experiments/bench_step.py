@@ -41,6 +41,25 @@ def _module(precision: str, layers: dict | None = None):
     return LMModule(model, phase="pretrain", optim=OptimSettings(lr=1.5e-3), precision=precision)
 
 
+def _train_step(m, opt, x, y) -> None:
+    """One training step as LMModule takes it: forward through the writes, backward, clip, AdamW."""
+    m.model.train()
+    with m.autocast():
+        _, loss = m.model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    # Sparse gradients (a static PKM's value rows) are left out of clipping, as LMModule does.
+    torch.nn.utils.clip_grad_norm_([q for q in m.model.parameters() if q.grad is not None and not q.grad.is_sparse], 1.0)
+    opt.step()
+
+
+def _fast_forward(m, x, y) -> None:
+    """One fast-mode step: forward with writes, no graph."""
+    m.model.eval()
+    with torch.no_grad(), m.autocast():
+        m.model(x, y)
+
+
 def main(quick: bool = False, threads: int | None = None, variants: bool = False) -> int:
     from cl_platform.optim import MixedAdamW
 
@@ -55,14 +74,7 @@ def main(quick: bool = False, threads: int | None = None, variants: bool = False
     optims = {p: MixedAdamW(m.model.optimizer_groups(0.1, 1.5e-3)) for p, m in modules.items()}
 
     def train(p):
-        m, opt = modules[p], optims[p]
-        m.model.train()
-        with m.autocast():
-            _, loss = m.model(batch["input_ids"], batch["targets"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([q for q in m.model.parameters() if q.grad is not None], 1.0)
-        opt.step()
+        _train_step(modules[p], optims[p], batch["input_ids"], batch["targets"])
 
     def evaluate(p):
         m = modules[p]
@@ -73,10 +85,7 @@ def main(quick: bool = False, threads: int | None = None, variants: bool = False
         m.model.set_writes(True)
 
     def fast(p):
-        m = modules[p]
-        m.model.eval()
-        with torch.no_grad(), m.autocast():
-            m.model(batch["input_ids"], batch["targets"])
+        _fast_forward(modules[p], batch["input_ids"], batch["targets"])
 
     reps = 3 if quick else 8
     print(f"small preset, B = {BATCH}, T = {SEQ}, vocabulary {VOCAB}, {torch.get_num_threads()} threads; "
@@ -115,22 +124,8 @@ def _variants(quick: bool) -> int:
             m = _module(precision, layers)
             opt = MixedAdamW(m.model.optimizer_groups(0.1, 1.5e-3))
 
-            def train():
-                m.model.train()
-                with m.autocast():
-                    _, loss = m.model(x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_([q for q in m.model.parameters() if q.grad is not None and not q.grad.is_sparse], 1.0)
-                opt.step()
-
-            def fast():
-                m.model.eval()
-                with torch.no_grad(), m.autocast():
-                    m.model(x, y)
-
             rates = []
-            for fn in (train, fast):
+            for fn in (lambda: _train_step(m, opt, x, y), lambda: _fast_forward(m, x, y)):
                 fn()
                 times = []
                 for _ in range(reps):

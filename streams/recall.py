@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-IGNORE_INDEX = -100  # the loss's ignore value (cl_platform.model.IGNORE_INDEX; streams does not import it)
+from cl_platform.model import IGNORE_INDEX  # the target the model's loss skips
+
 RESERVED = 2
 
 
