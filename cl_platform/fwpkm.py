@@ -430,6 +430,9 @@ class FwPKM(nn.Module):
     strategies: `write_mask` (N,) bool, `read_counts` (N,) int64 since `reset_read_counts()`,
     `usage_stats()`, `reset_slots(ids)`, and `writes_enabled`. `config` (the architecture) is
     fixed; `rule` (a `WriteRule`) may be replaced between calls and says how later calls write.
+    `calls` and `writes` count forward calls (reads of a context) and chunk writes since
+    construction or `reset_counters()`: plain ints, not state (protocols such as n-iter reading
+    assert them).
     """
 
     def __init__(self, d_model: int, config: FwPKMConfig, rule: WriteRule | None = None, name: str = "fwpkm"):
@@ -440,6 +443,7 @@ class FwPKM(nn.Module):
         self.rule = rule if rule is not None else WriteRule()
         self.name = name
         self.writes_enabled = True
+        self.calls, self.writes = 0, 0
         Dq = cfg.d_key * cfg.heads
         self.norm_q, self.norm_v, self.norm_g = RMSNorm(d_model), RMSNorm(d_model), RMSNorm(d_model)
         self.proj_q = nn.Linear(d_model, Dq)
@@ -493,6 +497,9 @@ class FwPKM(nn.Module):
     def reset_read_counts(self) -> None:
         self.read_counts.zero_()
 
+    def reset_counters(self) -> None:
+        self.calls, self.writes = 0, 0
+
     def usage_stats(self) -> dict[str, float]:
         """Addressing health over reads since `reset_read_counts()` (O(N); call for logging only).
 
@@ -536,6 +543,8 @@ class FwPKM(nn.Module):
                 q, v, g, self._state(), cfg, rule,
                 write=self.writes_enabled, name=self.name, ranks=data_parallel_reducer(),
             )
+        self.calls += 1
+        self.writes += out.addr_loss.numel()  # one addressing loss per chunk written
         # Kept as tensors (no device sync in the hot path); `last_stats` converts on demand.
         self._stats = {"gate_mean": g.detach().mean(), "value_update_norm": out.value_update_norm}
         if self.writes_enabled:

@@ -30,6 +30,24 @@ VARIANTS = {
 }
 
 
+EQUAL = "attention, equal active"  # attention only, MLPs widened to the FwPKM model's active parameters
+
+
+def equal_active_mlp_ratio() -> float:
+    """The MLP ratio at which the attention-only small model has the active parameters of the
+    FwPKM one (the issue's comparison: time per token at equal active parameters)."""
+    from cl_platform.model import FwPKMLM, ModelConfig, count_parameters
+
+    def active(**layers) -> int:
+        config = dataclasses.replace(ModelConfig.from_preset("small"), vocab_size=VOCAB, **layers)
+        return count_parameters(FwPKMLM(config))["active"]
+
+    base, target = active(**VARIANTS["attention only"]), active(**VARIANTS["+ FwPKM (layers 1, 3)"])
+    small = ModelConfig.from_preset("small")
+    per_ratio = active(**VARIANTS["attention only"], mlp_ratio=small.mlp_ratio + 1.0) - base  # params per unit of ratio
+    return small.mlp_ratio + (target - base) / per_ratio
+
+
 def _module(precision: str, layers: dict | None = None):
     from cl_platform.fwpkm import WriteRule
     from cl_platform.lm_module import LMModule, OptimSettings
@@ -119,7 +137,10 @@ def _variants(quick: bool) -> int:
     print(f"{'variant':24s} {'active params':>14s} {'precision':>11s} {'train tok/s':>12s} {'ratio':>6s} "
           f"{'fast tok/s':>11s} {'ratio':>6s}")
     reference: dict[str, tuple[float, float]] = {}
-    for name, layers in VARIANTS.items():
+    measured: dict[tuple[str, str], list[float]] = {}
+    ratio = equal_active_mlp_ratio()
+    family = {**VARIANTS, EQUAL: dict(fwpkm_layers=[], pkm_layers=[], mlp_ratio=ratio)}
+    for name, layers in family.items():
         for precision in ("32-true", "bf16-mixed"):
             m = _module(precision, layers)
             opt = MixedAdamW(m.model.optimizer_groups(0.1, 1.5e-3))
@@ -134,8 +155,13 @@ def _variants(quick: bool) -> int:
                     times.append(time.perf_counter() - t0)
                 rates.append(BATCH * SEQ / statistics.median(times))
             reference.setdefault(precision, tuple(rates))
+            measured[(name, precision)] = rates
             ref = reference[precision]
             active = count_parameters(m.model)["active"]
             print(f"{name:24s} {active / 1e6:12.2f} M {precision:>11s} {rates[0]:12,.0f} {ref[0] / rates[0]:5.2f}x "
                   f"{rates[1]:11,.0f} {ref[1] / rates[1]:5.2f}x", flush=True)
+    print(f"\nFwPKM model's time per token / attention-only's at equal active parameters (MLP ratio {ratio:.2f}):")
+    for precision in ("32-true", "bf16-mixed"):
+        eq, fw = measured[(EQUAL, precision)], measured[("+ FwPKM (layers 1, 3)", precision)]
+        print(f"  {precision:>10s}: training {eq[0] / fw[0]:.2f}x, fast forward (read + write) {eq[1] / fw[1]:.2f}x")
     return 0

@@ -3,6 +3,8 @@
     clp bench layer [--quick]            FwPKM layer throughput / memory table (BENCHMARKS.md)
     clp bench step [--quick]             training / evaluation step, float32 vs bf16-mixed (BENCHMARKS.md)
     clp recall CONFIG [--seeds 0,1,2]    associative recall beyond the attention window, with and without FwPKM
+    clp eval CONFIG [--seeds 0,1,2]      long-context loss by position of the baseline family, writes on / off
+    clp niah CONFIG [--seeds 0,1,2]      needle in a haystack with n-iter reading on the family's bases
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
     clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
@@ -42,6 +44,28 @@ def _recall(args: argparse.Namespace) -> int:
     from experiments.seeds import parse_seeds
 
     return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from experiments.longctx import main
+    from experiments.seeds import parse_seeds
+
+    try:
+        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None)
+    except _run_errors() as err:
+        print(f"clp eval: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _niah(args: argparse.Namespace) -> int:
+    from experiments.niah import main
+    from experiments.seeds import parse_seeds
+
+    try:
+        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None)
+    except (*_run_errors(), ValueError) as err:
+        print(f"clp niah: error: {err}", file=sys.stderr)
+        return 2
 
 
 def _tokenizer_build(args: argparse.Namespace) -> int:
@@ -126,6 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("config", help="recall YAML, e.g. experiments/recall.yaml")
     recall.add_argument("--seeds", default=None, help="comma-separated seeds, replacing the file's (e.g. 0,1,2)")
     recall.set_defaults(func=_recall)
+
+    ev = sub.add_parser("eval", help="long-context loss by position of the baseline family (issue 8)")
+    ev.add_argument("config", help="family YAML, e.g. experiments/longctx.yaml")
+    ev.add_argument("--seeds", default=None, help="comma-separated base seeds, replacing the file's (e.g. 0,1,2)")
+    ev.set_defaults(func=_eval)
+
+    ni = sub.add_parser("niah", help="needle in a haystack with n-iter reading (issue 8)")
+    ni.add_argument("config", help="needle YAML, e.g. experiments/niah.yaml")
+    ni.add_argument("--seeds", default=None, help="comma-separated fine-tuning seeds, replacing the file's")
+    ni.set_defaults(func=_niah)
 
     tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
     build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")

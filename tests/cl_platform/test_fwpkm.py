@@ -436,3 +436,21 @@ def test_under_autocast_the_memory_math_stays_float32():
     fwpkm_chunked(q, v, g, ref, cfg, layer.rule, write=True)
     assert torch.equal(ref.values, after.values) and torch.equal(ref.keys, after.keys)
     assert not torch.equal(before.values, after.values)
+
+
+def test_counters_count_calls_and_chunk_writes():
+    layer = small_layer(chunk=6)
+    x = torch.randn(1, 20, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        layer(x)  # chunks of 6: 0-5, 6-11, 12-17, 18-19
+        assert (layer.calls, layer.writes) == (1, 4)
+        layer.writes_enabled = False
+        layer(x)
+        assert (layer.calls, layer.writes) == (2, 4)  # a read without writes
+        layer.writes_enabled = True
+        layer.rule = dataclasses.replace(layer.rule, chunk=20)
+        before = layer.values.clone()
+        layer(x)  # one write over the whole context
+        assert (layer.calls, layer.writes) == (3, 5) and not torch.equal(layer.values, before)
+        layer.reset_counters()
+        assert (layer.calls, layer.writes) == (0, 0)

@@ -1,0 +1,314 @@
+"""Long-context perplexity of the baseline family (issue 8): the same backbone with no memory,
+a static PKM, an FwPKM, or both, pretrained on the same tokens, steps and seeds; each domain's
+loss by position in the document, with the FwPKM writing while it reads and with writes off.
+
+    clp eval experiments/longctx.yaml                 # pretrains the missing bases, then evaluates
+    clp eval experiments/longctx.yaml --seeds 0,1,2
+
+The bases are ordinary cached bases (`experiments/base.py`): the family config names a run config
+(`base`) and, per variant, the model fields that differ (where the memories sit). Evaluation:
+
+- writes off: every segment reads the base's memory as it is (the memory contributes what it
+  learned in pretraining, nothing of this segment);
+- writes on: every segment starts from the base's memory and writes it chunk by chunk as it reads
+  (the pretraining write rule), so later positions read what earlier chunks of the same segment
+  wrote: the memory's in-context role. One segment per forward, memory restored after each, so
+  no segment reads another's writes.
+
+A token's position is the number of tokens of its own document before it in the segment
+(`context_positions`); with the 128-token attention window, positions ≥ 128 are where only a
+memory can bring back the start of the document. Results: `<runs_root>/longctx-<key>/`
+(`results.json`, `table.txt`, `positions.png`), one JSON per (variant, seed) so a re-run or a
+new seed evaluates only what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from cl_platform.check import ConfigError, check, from_mapping, is_int, read_yaml
+
+MODEL_FIELDS = ("fwpkm_layers", "pkm_layers")  # what a variant may change: where the memories sit
+SETTINGS = ("off", "on")
+
+
+@dataclass
+class LongContextExperiment:
+    base: str = "longctx_base.yaml"  # run config of the bases, relative to this file
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {fwpkm_layers, pkm_layers}
+    reference: str = "attention"  # the variant every difference is taken against
+    buckets: list[int] = field(default_factory=lambda: [0, 128, 512, 1024, 2048])  # position bucket edges
+    split: str = "eval"  # "dev" to choose settings
+    seeds: list[int] = field(default_factory=lambda: [0])  # pretraining seeds of the bases
+    runs_root: str | None = None  # default: the base run config's runs_root
+    bootstrap_samples: int = 1000
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.variants, dict) and bool(self.variants), self, "variants",
+              "must map variant names to the model fields they change")
+        for name, change in self.variants.items():
+            bad = [k for k in (change or {}) if k not in MODEL_FIELDS]
+            check(isinstance(change, dict) and not bad, self, "variants",
+                  f"variant {name!r} changes {bad or change!r}; a variant may set only {list(MODEL_FIELDS)}")
+        check(self.reference in self.variants, self, "reference", f"is not one of the variants {list(self.variants)}")
+        b = self.buckets
+        check(isinstance(b, list) and len(b) >= 2 and all(is_int(x, 0) for x in b) and b[0] == 0
+              and all(x < y for x, y in zip(b, b[1:])), self, "buckets",
+              "must be increasing ints starting at 0 (bucket edges in tokens)")
+        check(self.split in ("eval", "dev"), self, "split", "must be 'eval' or 'dev'")
+        check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
+              self, "seeds", "must be a non-empty list of distinct ints")
+        check(is_int(self.bootstrap_samples, 1), self, "bootstrap_samples", "must be a positive int")
+
+
+def load(path: str | Path, seeds: list[int] | None = None) -> LongContextExperiment:
+    """The experiment in a YAML file; `base` becomes a path relative to it; `seeds` replaces the file's."""
+    path = Path(path)
+    data = read_yaml(path, "long-context config")
+    if seeds is not None:
+        data["seeds"] = seeds
+    exp = from_mapping(LongContextExperiment, data, f"long-context config {path}")
+    exp.base = str((path.parent / exp.base)) if not Path(exp.base).is_absolute() else exp.base
+    if not Path(exp.base).is_file():
+        raise ConfigError(f"{path}: field 'base': run config {exp.base} does not exist")
+    return exp
+
+
+def overrides(exp: LongContextExperiment, variant: str, seed: int) -> list[str]:
+    change = exp.variants[variant] or {}
+    out = [f"model.{k}={json.dumps(v)}" for k, v in change.items()] + [f"pretrain.seed={seed}"]
+    if exp.runs_root is not None:
+        out.append(f"runs_root={exp.runs_root}")
+    return out
+
+
+def context_positions(doc_start):
+    """(B, T) bool (True at a document's first token, its <eot>) -> (B, T) long: tokens of the same
+    document before each position in the segment (a document begun before the segment counts
+    from the segment's start, as that is all the model reads of it)."""
+    import torch
+
+    t = torch.arange(doc_start.shape[1], device=doc_start.device).expand_as(doc_start)
+    start = torch.where(doc_start, t, torch.zeros_like(t)).cummax(dim=1).values
+    return t - start
+
+
+def score(setup, weights: dict, split: str, edges: list[int]) -> dict[str, dict[str, Any]]:
+    """Per domain of `split`: {setting: (Σ loss, tokens) per (document, bucket)} for writes off
+    and (if the model has an FwPKM) on, plus the split's mean loss per setting."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from analysis.positions import bucket_document_sums
+    from cl_platform.model import IGNORE_INDEX
+    from experiments.setup import build_model
+
+    cfg = setup.config
+    model = build_model(setup.model_config, 0, dataclasses.replace(cfg.pretrain.fwpkm, persistence="persist"))
+    model.load_state_dict(weights)
+    model.eval()
+    base_memory = model.snapshot_memory()
+    has_memory = bool(model.fwpkm_layers())
+    autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=cfg.pretrain.precision == "bf16-mixed")
+    out: dict[str, dict[str, Any]] = {}
+    for name, data in setup.scenario.domains.items():
+        segments = data.splits[split].segments
+        n_docs = int(segments.doc_index.max()) + 1
+        result: dict[str, Any] = {}
+        for setting in SETTINGS if has_memory else SETTINGS[:1]:
+            model.set_writes(setting == "on")
+            sums = np.zeros((n_docs, len(edges) - 1))
+            counts = np.zeros((n_docs, len(edges) - 1), dtype=np.int64)
+            for i in range(len(segments)):  # one segment per forward: its own writes only
+                item = segments[i]
+                x, y = item["input_ids"][None], item["targets"][None]
+                model.restore_memory(base_memory)
+                with torch.no_grad(), autocast:
+                    logits = model(x)
+                losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
+                                         reduction="none")
+                s, c = bucket_document_sums(losses.numpy(), context_positions(item["doc_start"][None]).numpy(),
+                                            item["doc_index"].numpy(), (y != IGNORE_INDEX).numpy(), edges, n_docs)
+                sums += s
+                counts += c
+            result[setting] = {"sums": sums.tolist(), "counts": counts.tolist(),
+                               "mean": float(sums.sum() / max(counts.sum(), 1))}
+        model.restore_memory(base_memory)
+        out[name] = result
+    return out
+
+
+def prepare(exp: LongContextExperiment, variant: str, seed: int):
+    """The variant's setup, checked against the experiment before any pretraining or scoring."""
+    from experiments.setup import load_setup
+
+    try:
+        setup = load_setup(exp.base, overrides(exp, variant, seed))
+    except ConfigError as err:
+        raise ConfigError(f"long-context variant {variant!r}: {err}") from None
+    seq_len = setup.scenario.config.seq_len
+    if seq_len > exp.buckets[-1]:
+        raise ConfigError(f"long-context config field 'buckets': ends at {exp.buckets[-1]} but {exp.base} reads "
+                          f"{seq_len}-token segments; make the last edge at least {seq_len}")
+    return setup
+
+
+def evaluate(exp: LongContextExperiment, setup, variant: str, seed: int, say: Callable[[str], None] = print,
+             progress_bar: bool = False) -> dict[str, Any]:
+    """The variant's base (cached, or pretrained now), scored by position bucket."""
+    from experiments.base import describe, ensure_base
+    from experiments.setup import base_key
+
+    path, record, _, weights = ensure_base(setup, progress_bar=progress_bar, say=say)
+    say(f"{variant}, seed {seed}: scoring the {exp.split} split by position")
+    scores = score(setup, weights, exp.split, exp.buckets)
+    return {"variant": variant, "seed": seed, "base": str(path), "base_key": base_key(setup),
+            "base_record": {k: record.get(k) for k in ("final_eval_mean", "unigram_mean", "steps", "tokens", "seconds")},
+            "base_summary": describe(record), "window": setup.model_config.window, "scores": scores}
+
+
+def folder_of(exp: LongContextExperiment) -> Path:
+    from cl_platform.config import load_config
+
+    runs_root = exp.runs_root or load_config(exp.base).runs_root
+    identity = {"base": Path(exp.base).read_text(encoding="utf-8"), "buckets": exp.buckets, "split": exp.split}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(runs_root) / f"longctx-{key}"
+
+
+def run(exp: LongContextExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
+    """Every (variant, seed), each saved as it finishes; finished ones are read back. The summary
+    (means over seeds, paired document-bootstrap intervals of the differences) is rebuilt."""
+    from experiments.setup import base_key
+
+    setups = {(v, s): prepare(exp, v, s) for v in exp.variants for s in exp.seeds}  # every error first
+    folder = folder_of(exp)
+    folder.mkdir(parents=True, exist_ok=True)
+    results = []
+    for variant in exp.variants:
+        for seed in exp.seeds:
+            path = folder / f"{variant}-seed{seed}.json"
+            result = json.loads(path.read_text()) if path.is_file() else None
+            # Reused only for the same base (a rebuilt or changed base is scored again).
+            if result is None or result.get("base_key") != base_key(setups[(variant, seed)]):
+                result = evaluate(exp, setups[(variant, seed)], variant, seed, say)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
+                tmp.replace(path)
+            results.append(result)
+    summary = summarise(exp, results)
+    (folder / "results.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    text = table(exp, summary)
+    (folder / "table.txt").write_text(text + "\n", encoding="utf-8")
+    from analysis.positions import positions_figure
+
+    fig = positions_figure({d: {v: summary["means"][v][d] for v in exp.variants} for d in summary["domains"]},
+                           exp.buckets, summary["window"])
+    fig.savefig(folder / "positions.png", dpi=120)
+    say(text)
+    say(f"results: {folder / 'results.json'}, plot: {folder / 'positions.png'}")
+    return folder, summary
+
+
+def summarise(exp: LongContextExperiment, results: list[dict]) -> dict[str, Any]:
+    """means[variant][domain][setting] = per-bucket mean over seeds; differences (seed exp.seeds[0]'s
+    documents, paired bootstrap): writes on − off per variant, and each variant − the reference."""
+    import numpy as np
+
+    from analysis.positions import bucket_means, paired_difference
+
+    by = {(r["variant"], r["seed"]): r for r in results}
+    domains = list(results[0]["scores"])
+    means: dict[str, Any] = {}
+    for variant in exp.variants:
+        means[variant] = {}
+        for d in domains:
+            means[variant][d] = {}
+            for setting in by[(variant, exp.seeds[0])]["scores"][d]:
+                rows = [bucket_means(np.array(by[(variant, s)]["scores"][d][setting]["sums"]),
+                                     np.array(by[(variant, s)]["scores"][d][setting]["counts"])) for s in exp.seeds]
+                means[variant][d][setting] = np.mean(rows, axis=0).tolist()
+                if len(exp.seeds) > 1:
+                    means[variant][d][setting + "_std"] = np.std(rows, axis=0, ddof=1).tolist()
+
+    def arrays(variant, seed, d, setting):
+        s = by[(variant, seed)]["scores"][d][setting]
+        return np.array(s["sums"]), np.array(s["counts"])
+
+    diffs: dict[str, Any] = {"on_minus_off": {}, "minus_reference": {}}
+    for seed in exp.seeds:
+        for variant in exp.variants:
+            for d in domains:
+                scores = by[(variant, seed)]["scores"][d]
+                if "on" in scores:
+                    diffs["on_minus_off"].setdefault(variant, {}).setdefault(d, []).append(paired_difference(
+                        *arrays(variant, seed, d, "off"), *arrays(variant, seed, d, "on"), samples=exp.bootstrap_samples))
+                if variant != exp.reference:
+                    best = "on" if "on" in scores else "off"
+                    diffs["minus_reference"].setdefault(variant, {}).setdefault(d, []).append(paired_difference(
+                        *arrays(exp.reference, seed, d, "off"), *arrays(variant, seed, d, best),
+                        samples=exp.bootstrap_samples))
+    tokens = {d: np.array(by[(exp.reference, exp.seeds[0])]["scores"][d]["off"]["counts"]).sum(0).tolist()
+              for d in domains}
+    docs = {d: int((np.array(by[(exp.reference, exp.seeds[0])]["scores"][d]["off"]["counts"]).sum(1) > 0).sum())
+            for d in domains}
+    return {"buckets": exp.buckets, "split": exp.split, "seeds": exp.seeds, "reference": exp.reference,
+            "window": results[0]["window"], "domains": domains, "tokens": tokens, "documents": docs,
+            "means": means, "differences": diffs,
+            "bases": {f"{r['variant']}-seed{r['seed']}": r["base_summary"] for r in results}}
+
+
+def _fmt_diff(cells: list[list[dict]], i: int) -> str:
+    """Seeds' differences in bucket i: one seed 'v [lo, hi]', more 'mean ± std (k/n exclude 0)'."""
+    values = [c[i]["value"] for c in cells]
+    if any(math.isnan(v) for v in values):
+        return "-"
+    if len(cells) == 1:
+        c = cells[0][i]
+        return f"{c['value']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"
+    excl = sum(1 for c in cells if c[i]["high"] < 0 or c[i]["low"] > 0)
+    return f"{statistics.fmean(values):+.3f} ± {statistics.stdev(values):.3f} ({excl}/{len(cells)})"
+
+
+def table(exp: LongContextExperiment, summary: dict) -> str:
+    edges = summary["buckets"]
+    heads = [f"{lo}-{hi}" for lo, hi in zip(edges[:-1], edges[1:])]
+    width = 26
+    lines = [f"loss (nats/token) by position in the document, {summary['split']} split, attention window "
+             f"{summary['window']}, mean over base seeds {summary['seeds']}; 'on': the FwPKM writes while reading"]
+    for d in summary["domains"]:
+        lines.append("")
+        lines.append(f"{d}  ({summary['documents'][d]} documents; tokens per bucket "
+                     + ", ".join(f"{n:,}" for n in summary["tokens"][d]) + ")")
+        lines.append(f"{'':>22s}" + "".join(f"{h:>{width}s}" for h in heads))
+        for variant in exp.variants:
+            for setting, values in summary["means"][variant][d].items():
+                if setting.endswith("_std"):
+                    continue
+                std = summary["means"][variant][d].get(setting + "_std")
+                cells = [f"{v:.3f}" + (f" ± {s:.3f}" if std else "") for v, s in zip(values, std or values)]
+                lines.append(f"{variant + ' writes ' + setting:>22s}" + "".join(f"{c:>{width}s}" for c in cells))
+        for variant, by_d in summary["differences"]["on_minus_off"].items():
+            cells = [_fmt_diff(by_d[d], i) for i in range(len(heads))]
+            lines.append(f"{'Δ ' + variant + ' on−off':>22s}" + "".join(f"{c:>{width}s}" for c in cells))
+        for variant, by_d in summary["differences"]["minus_reference"].items():
+            cells = [_fmt_diff(by_d[d], i) for i in range(len(heads))]
+            lines.append(f"{'Δ ' + variant + '−' + summary['reference']:>22s}" + "".join(f"{c:>{width}s}" for c in cells))
+    lines.append("")
+    lines.append("Δ: difference of mean losses, 95 % paired bootstrap interval over documents (one seed) or mean ± "
+                 "std over seeds (k/n: seeds whose interval excludes 0); Δ v−reference compares v with its "
+                 "memory writing (if it has an FwPKM) against the reference.")
+    return "\n".join(lines)
+
+
+def main(config: str, seeds: list[int] | None = None) -> int:
+    run(load(config, seeds))
+    return 0

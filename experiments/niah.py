@@ -1,0 +1,351 @@
+"""Needle in a haystack with n-iter reading (issue 8; the FwPKM paper's protocol) on the baseline
+family's language-model bases, zero-shot and after a brief fine-tune on needle episodes.
+
+    clp niah experiments/niah.yaml                # the bases come from the family config (clp eval)
+    clp niah experiments/niah.yaml --seeds 0,1,2  # fine-tuning seeds
+
+An episode (`streams/needles.py`): a window of real text with 5 needles "The secret number for
+ID-xxxx is dddddd.", then a question about one; exact match of the number's tokens (teacher
+forced: every answer token is the argmax given the gold tokens before it, which is exactly when
+greedy decoding reproduces the number).
+
+n-iter reading, per episode, from the model's own memory as trained (restored before every
+episode, so no episode reads another's writes):
+  1. n − 1 extra reads of the haystack, each read ending with one write over the whole context
+     (the write rule's chunk set to the haystack's length);
+  2. the final read of haystack + question with writes off, where the answer is scored.
+So n-iter is n reads and n − 1 writes, asserted on every FwPKM layer's counters (`FwPKM.calls`,
+`FwPKM.writes`). The column "in-pass" is the memory's ordinary reading mode instead: one read of
+haystack + question writing every `chunk` tokens as it goes (the pretraining write rule).
+
+Fine-tuning (`finetune: true`): the base's slow weights trained on needle episodes drawn from the
+haystack domain's `pretrain` split, each laid out as `haystack haystack question answer` in one
+sequence with writes every haystack-length tokens, so the question reads a memory written from two
+reads of the haystack (as in 3-iter) and the gradient reaches the write path through the writes
+(a write in an earlier forward is detached, so training on separate reads could not teach the
+writing). Loss on the answer tokens only. Evaluation episodes come from the `eval` split.
+Results: `<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from cl_platform.check import ConfigError, check, from_mapping, is_int, is_number, read_yaml
+
+MODEL_KEYS = ("variant", "finetune", "rule")
+
+
+@dataclass
+class NeedleExperiment:
+    family: str = "longctx.yaml"  # the baseline family config (experiments/longctx.py), relative to this file
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {variant, finetune, rule}
+    needles: dict[str, Any] = field(default_factory=dict)  # streams.needles.NeedleConfig fields
+    haystack_domain: str = "web"
+    iterations: list[int] = field(default_factory=lambda: [1, 2, 3])
+    episodes: int = 100  # evaluation episodes, the asked needle cycling through every depth
+    finetune_steps: int = 300
+    finetune_batch_size: int = 2
+    finetune_lr: float = 1e-3
+    base_seed: int = 0  # which of the family's bases
+    seeds: list[int] = field(default_factory=lambda: [0])  # fine-tuning seeds (zero-shot models: the first only)
+    runs_root: str | None = None
+
+    def __post_init__(self) -> None:
+        from cl_platform.fwpkm import WriteRule
+        from streams.needles import NeedleConfig
+
+        try:
+            self.needle_config = NeedleConfig(**self.needles)
+        except TypeError as err:
+            raise ConfigError(f"needle config field 'needles': {err}") from None
+        check(isinstance(self.models, dict) and bool(self.models), self, "models",
+              "must map model names to {variant, finetune, rule}")
+        for name, spec in self.models.items():
+            bad = [k for k in (spec or {}) if k not in MODEL_KEYS]
+            check(isinstance(spec, dict) and not bad and "variant" in spec, self, "models",
+                  f"model {name!r}: needs 'variant' and may set only {list(MODEL_KEYS)} (got {bad or spec!r})")
+            check(isinstance(spec.get("finetune", False), bool), self, "models", f"model {name!r}: finetune must be true or false")
+            try:
+                WriteRule(**(spec.get("rule") or {}))
+            except (TypeError, ConfigError) as err:
+                raise ConfigError(f"needle config field 'models.{name}.rule': {err}") from None
+        check(bool(self.iterations) and all(is_int(n, 1) for n in self.iterations), self, "iterations",
+              "must be a list of ints >= 1 (reads of the haystack)")
+        for name in ("episodes", "finetune_steps", "finetune_batch_size"):
+            check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
+        check(is_number(self.finetune_lr, 0, strict=True), self, "finetune_lr", "must be a number > 0")
+        check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
+              self, "seeds", "must be a non-empty list of distinct ints")
+
+
+def load(path: str | Path, seeds: list[int] | None = None) -> NeedleExperiment:
+    path = Path(path)
+    data = read_yaml(path, "needle config")
+    if seeds is not None:
+        data["seeds"] = seeds
+    try:
+        exp = from_mapping(NeedleExperiment, data, f"needle config {path}")
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    exp.family = str(path.parent / exp.family) if not Path(exp.family).is_absolute() else exp.family
+    return exp
+
+
+# --- the protocol ------------------------------------------------------------------------------------
+def read_iteratively(model, episode, n: int, rule, memory, autocast) -> bool:
+    """n-iter reading of one episode from memory state `memory`: n − 1 reads of the haystack, each
+    with one write over the whole context, then haystack + question with writes off. Returns
+    exact match; raises if any FwPKM layer did not read n times and write n − 1 times."""
+    import torch
+
+    hay = torch.tensor(episode.haystack)[None]
+    full = torch.tensor(episode.haystack + episode.question + episode.answer[:-1])[None]
+    layers = model.fwpkm_layers()
+    model.restore_memory(memory)
+    model.set_write_rules(dataclasses.replace(rule, chunk=hay.shape[1], persistence="persist"))
+    for layer in layers:
+        layer.reset_counters()
+    with torch.no_grad(), autocast:
+        model.set_writes(True)
+        for _ in range(n - 1):
+            model(hay)
+        model.set_writes(False)
+        logits = model(full)
+    for layer in layers:
+        if (layer.calls, layer.writes) != (n, n - 1):
+            raise AssertionError(f"{layer.name}: {n}-iter read {layer.calls} times and wrote {layer.writes} times")
+    return _exact(logits, episode)
+
+
+def read_in_pass(model, episode, rule, memory, autocast) -> bool:
+    """One read of haystack + question writing every `rule.chunk` tokens (the ordinary mode)."""
+    import torch
+
+    full = torch.tensor(episode.haystack + episode.question + episode.answer[:-1])[None]
+    model.restore_memory(memory)
+    model.set_write_rules(dataclasses.replace(rule, persistence="persist"))
+    model.set_writes(True)
+    with torch.no_grad(), autocast:
+        logits = model(full)
+    return _exact(logits, episode)
+
+
+def _exact(logits, episode) -> bool:
+    k = len(episode.answer)
+    pred = logits[0, -k:].argmax(-1).tolist()  # the last question token predicts answer[0], ...
+    return pred == episode.answer
+
+
+# --- one model ------------------------------------------------------------------------------------------
+def _tokens(split) -> Any:
+    """A split's packed tokens as one 1-D array, padding dropped."""
+    keep = split.segments.doc_index[:, :-1] >= 0
+    return split.segments.tokens[:, :-1][keep].numpy()
+
+
+def finetune(model, exp: NeedleExperiment, rule, source, tokenizer, seed: int, precision: str) -> float:
+    """Train the slow weights on needle episodes (module doc); returns the last training loss."""
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+    from cl_platform.lm_module import LMModule, OptimSettings
+    from cl_platform.model import IGNORE_INDEX
+    from cl_platform.trainer import make_trainer, quiet_lightning
+    from streams.needles import make_episode
+
+    quiet_lightning()
+    cfg = exp.needle_config
+    rng = np.random.default_rng(10_000 + seed)
+    H = cfg.haystack_tokens
+    n = exp.finetune_steps * exp.finetune_batch_size
+    episodes = []
+    for _ in range(n):
+        depths = sorted(rng.uniform(0, 1, size=cfg.needles))
+        episodes.append(make_episode(cfg, tokenizer, source, rng, depths=depths))
+    width = 2 * H + max(len(e.question) + len(e.answer) for e in episodes)
+    rows = []
+    for e in episodes:
+        seq = e.haystack + e.haystack + e.question + e.answer
+        ids = torch.full((width + 1,), tokenizer.eot_id, dtype=torch.long)  # padding after the answer: no target
+        ids[:len(seq)] = torch.tensor(seq)
+        targets = torch.full((width,), IGNORE_INDEX, dtype=torch.long)
+        a0 = 2 * H + len(e.question)
+        targets[a0 - 1:a0 - 1 + len(e.answer)] = torch.tensor(e.answer)
+        rows.append({"input_ids": ids[:-1], "targets": targets})
+    model.set_write_rules(dataclasses.replace(rule, chunk=H, persistence="persist"))
+    torch.manual_seed(seed)
+    module = LMModule(model, phase="pretrain", seed=seed, precision=precision,
+                      optim=OptimSettings(lr=exp.finetune_lr, weight_decay=0.0, grad_clip=1.0,
+                                          warmup_steps=exp.finetune_steps // 10, decay_steps=exp.finetune_steps))
+    make_trainer(1, [], logger=False, progress_bar=False).fit(
+        module, DataLoader(rows, batch_size=exp.finetune_batch_size, shuffle=False))
+    return float(module.last_losses["lm"])
+
+
+def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str) -> dict[str, Any]:
+    """Exact match per setting (n-iter for each n, and in-pass), overall and by asked needle."""
+    import numpy as np
+    import torch
+
+    from streams.needles import make_episode
+
+    model.eval()
+    memory = model.snapshot_memory()
+    autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+    rng = np.random.default_rng(12345)  # the same episodes for every model and seed: paired comparisons
+    cfg = exp.needle_config
+    hits: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
+    hits["in-pass"] = []
+    asked, distances = [], []
+    for i in range(exp.episodes):
+        e = make_episode(cfg, tokenizer, source, rng, asked=i % cfg.needles)
+        asked.append(e.asked)
+        distances.append(e.distance())
+        for n in exp.iterations:
+            hits[f"{n}-iter"].append(int(read_iteratively(model, e, n, rule, memory, autocast)))
+        hits["in-pass"].append(int(read_in_pass(model, e, rule, memory, autocast)))
+    model.restore_memory(memory)
+    by_needle = {k: [statistics.fmean([h for h, a in zip(v, asked) if a == j]) for j in range(cfg.needles)]
+                 for k, v in hits.items()}
+    return {"accuracy": {k: statistics.fmean(v) for k, v in hits.items()}, "hits": hits,
+            "by_needle": by_needle,
+            "distance_by_needle": [statistics.fmean([d for d, a in zip(distances, asked) if a == j])
+                                   for j in range(cfg.needles)]}
+
+
+def check_models(exp: NeedleExperiment) -> dict[str, Any]:
+    """Each model's variant setup, every name checked against the family and its stream; raises
+    before any pretraining, fine-tuning or scoring."""
+    from experiments import longctx
+
+    family = longctx.load(exp.family, [exp.base_seed])
+    if exp.runs_root is not None:
+        family.runs_root = exp.runs_root
+    setups = {}
+    for name, spec in exp.models.items():
+        if spec["variant"] not in family.variants:
+            raise ConfigError(f"needle config field 'models.{name}.variant': {spec['variant']!r} is not a variant of "
+                              f"{exp.family} ({list(family.variants)})")
+        if spec["variant"] not in setups:
+            setups[spec["variant"]] = longctx.prepare(family, spec["variant"], exp.base_seed)
+    scenario = next(iter(setups.values())).scenario
+    if exp.haystack_domain not in scenario.domains:
+        raise ConfigError(f"needle config field 'haystack_domain': {exp.haystack_domain!r} is not a domain of "
+                          f"the family's stream ({list(scenario.domains)})")
+    return setups
+
+
+def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], None] = print) -> dict[str, Any]:
+    from experiments.base import ensure_base
+    from experiments.setup import build_model
+
+    spec = exp.models[name]
+    setup = check_models(exp)[spec["variant"]]
+    _, _, _, weights = ensure_base(setup, progress_bar=False, say=say)
+    cfg = setup.config
+    rule = dataclasses.replace(cfg.pretrain.fwpkm, **(spec.get("rule") or {}))
+    model = build_model(setup.model_config, 0, rule)
+    model.load_state_dict(weights)
+    tokenizer = setup.scenario.tokenizer
+    data = setup.scenario.domains[exp.haystack_domain]
+    loss = None
+    if spec.get("finetune"):
+        say(f"{name}, seed {seed}: fine-tuning {exp.finetune_steps} steps on needle episodes")
+        loss = finetune(model, exp, rule, _tokens(data.splits["pretrain"]), tokenizer, seed, cfg.pretrain.precision)
+    say(f"{name}, seed {seed}: scoring {exp.episodes} episodes")
+    result = score(model, exp, rule, _tokens(data.splits["eval"]), tokenizer, cfg.pretrain.precision)
+    return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss, "window": setup.model_config.window,
+            "fwpkm_layers": setup.model_config.fwpkm_layers, **result}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion k / n."""
+    if n == 0:
+        return (math.nan, math.nan)
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
+    identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("models", "seeds", "runs_root")}
+    identity["family_text"] = Path(exp.family).read_text(encoding="utf-8")
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    from experiments import longctx
+
+    family = longctx.load(exp.family)
+    runs_root = exp.runs_root or longctx.folder_of(family).parent
+    folder = Path(runs_root) / f"niah-{key}"
+    check_models(exp)
+    folder.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name, spec in exp.models.items():
+        for seed in (exp.seeds if spec.get("finetune") else exp.seeds[:1]):
+            path = folder / f"{name}-seed{seed}.json"
+            result = json.loads(path.read_text()) if path.is_file() else None
+            if result is None or result.get("spec") != spec:
+                result = evaluate(exp, name, seed, say)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
+                tmp.replace(path)
+            results.append(result)
+    summary = summarise(exp, results)
+    (folder / "results.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    text = table(exp, summary)
+    (folder / "table.txt").write_text(text + "\n", encoding="utf-8")
+    say(text)
+    say(f"results: {folder / 'results.json'}")
+    return folder, summary
+
+
+def summarise(exp: NeedleExperiment, results: list[dict]) -> dict[str, Any]:
+    out: dict[str, Any] = {"episodes": exp.episodes, "models": {}}
+    for name in exp.models:
+        runs = [r for r in results if r["model"] == name]
+        settings = list(runs[0]["accuracy"])
+        entry: dict[str, Any] = {"seeds": [r["seed"] for r in runs], "finetuned": bool(exp.models[name].get("finetune"))}
+        for s in settings:
+            values = [r["accuracy"][s] for r in runs]
+            k = sum(sum(r["hits"][s]) for r in runs)
+            entry[s] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                        "wilson": wilson(k, exp.episodes * len(runs)),
+                        "by_needle": [statistics.fmean(v) for v in zip(*(r["by_needle"][s] for r in runs))]}
+        entry["distance_by_needle"] = runs[0]["distance_by_needle"]
+        out["models"][name] = entry
+    return out
+
+
+def table(exp: NeedleExperiment, summary: dict) -> str:
+    settings = [f"{n}-iter" for n in exp.iterations] + ["in-pass"]
+    width = 24
+    lines = [f"needle in a haystack: exact match over {exp.episodes} episodes ({exp.needle_config.needles} needles in "
+             f"{exp.needle_config.haystack_tokens} tokens of {exp.haystack_domain}); mean ± std over seeds "
+             f"[95 % Wilson interval over all episodes]",
+             f"{'':>26s}" + "".join(f"{s:>{width}s}" for s in settings)]
+    for name, entry in summary["models"].items():
+        cells = [f"{entry[s]['mean']:.2f}" + (f" ± {entry[s]['std']:.2f}" if len(entry['seeds']) > 1 else "")
+                 + f" [{entry[s]['wilson'][0]:.2f}, {entry[s]['wilson'][1]:.2f}]" for s in settings]
+        label = f"{name} ({'fine-tuned' if entry['finetuned'] else 'zero-shot'})"
+        lines.append(f"{label:>26s}" + "".join(f"{c:>{width}s}" for c in cells))
+    first = next(iter(summary["models"].values()))
+    lines.append("by asked needle (mean tokens from needle to answer: "
+                 + ", ".join(f"{d:.0f}" for d in first["distance_by_needle"]) + "):")
+    for name, entry in summary["models"].items():
+        lines.append(f"{name:>26s}  " + "   ".join(f"{s} " + " ".join(f"{a:.2f}" for a in entry[s]["by_needle"])
+                                                for s in settings))
+    return "\n".join(lines)
+
+
+def main(config: str, seeds: list[int] | None = None) -> int:
+    run(load(config, seeds))
+    return 0

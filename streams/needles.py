@@ -1,0 +1,114 @@
+"""Needle in a haystack on real text (the FwPKM paper's protocol, issue 8): a stretch of a shipped
+corpus with `needles` sentences "The secret number for ID-xxxx is dddddd." inserted at given
+depths, then a question about one of them, answered by exact match of the number.
+
+    cfg = NeedleConfig(haystack_tokens=1024, needles=5)
+    ep = make_episode(cfg, tokenizer, source_tokens, rng, depths=cfg.depths)
+    ep.haystack            # list[int]: the text with the needles in it
+    ep.question, ep.answer # list[int]: "... The secret number for ID-xxxx is" and " dddddd"
+
+Everything is token lists: the haystack is exactly `haystack_tokens` long, a window of a split's
+packed tokens (documents joined by <eot>, as the model reads them) with the needles inserted, each
+between two tokens of the window at round(depth · window length), and the needle's number is encoded exactly as the answer is (the
+same token ids), so that exact match asks for the tokens the needle holds. The question restates
+the needle's opening words, so the tokens that precede the answer are the tokens that preceded
+the number in the needle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+NEEDLE = "The secret number for ID-{id} is"
+QUESTION = "What is the secret number for ID-{id}? The secret number for ID-{id} is"
+
+
+@dataclass(frozen=True)
+class NeedleConfig:
+    haystack_tokens: int = 1024  # tokens of corpus text, before the needles go in
+    needles: int = 5
+    # Where the needles go, as fractions of the haystack (0 = its start, 1 = its end). The
+    # default keeps every needle more than 200 tokens before the question (beyond a 128-token
+    # attention window) for a 1,024-token haystack.
+    depths: tuple[float, ...] = (0.05, 0.2, 0.35, 0.5, 0.65)
+
+    def __post_init__(self) -> None:
+        for name in ("haystack_tokens", "needles"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"needles.{name} must be a positive int, got {value!r}")
+        object.__setattr__(self, "depths", tuple(self.depths))
+        check_depths(self.depths, "needles.depths")
+        if len(self.depths) != self.needles:
+            raise ValueError(f"needles.depths has {len(self.depths)} entries for needles={self.needles}")
+        if self.haystack_tokens < 20 * self.needles:
+            raise ValueError(f"needles.haystack_tokens ({self.haystack_tokens}) is shorter than its {self.needles} "
+                             f"needles (~16 tokens each) need: at least {20 * self.needles}")
+
+
+def check_depths(depths: Sequence[float], where: str) -> None:
+    bad = [d for d in depths if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1]
+    if bad:
+        raise ValueError(f"{where}: depth {bad[0]!r} is outside [0, 1] (0 = the haystack's start, 1 = its end)")
+
+
+@dataclass
+class Episode:
+    haystack: list[int]  # the corpus window with the needles inserted
+    question: list[int]  # read after the haystack
+    answer: list[int]  # the asked needle's number, as the needle holds it
+    ids: list[str]  # every needle's ID, in depth order
+    numbers: list[str]
+    asked: int  # index of the asked needle
+    needle_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each needle in haystack
+
+    def distance(self) -> int:
+        """Tokens between the end of the asked needle and the end of the question."""
+        return len(self.haystack) - self.needle_spans[self.asked][1] + len(self.question)
+
+
+def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.random.Generator,
+                 depths: Sequence[float] | None = None, asked: int | None = None) -> Episode:
+    """One haystack from a random window of `source` (1-D token ids) with `cfg.needles` needles
+    at `depths` (default cfg.depths; sorted), distinct 4-digit IDs and 6-digit numbers, and a
+    question about needle `asked` (default: drawn)."""
+    depths = sorted(cfg.depths if depths is None else depths)
+    check_depths(depths, "needle depths")
+    if len(depths) != cfg.needles:
+        raise ValueError(f"needle depths: {len(depths)} given for {cfg.needles} needles")
+    if cfg.haystack_tokens > len(source):
+        raise ValueError(f"the haystack source has {len(source):,} tokens, fewer than needles.haystack_tokens = "
+                         f"{cfg.haystack_tokens:,}")
+    ids = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
+    numbers = [str(int(x)) for x in rng.integers(100000, 1000000, size=cfg.needles)]
+    asked = int(rng.integers(0, cfg.needles)) if asked is None else asked
+    if not 0 <= asked < cfg.needles:
+        raise ValueError(f"asked needle {asked} does not exist (needles: {cfg.needles})")
+    needles = [needle_tokens(tokenizer, id_, number) for id_, number in zip(ids, numbers)]
+    n = cfg.haystack_tokens - sum(map(len, needles))  # corpus tokens, so the haystack is haystack_tokens long
+    start = int(rng.integers(0, len(source) - n + 1))
+    text = [int(t) for t in source[start:start + n]]
+    haystack: list[int] = []
+    spans = []
+    cut_prev = 0
+    for depth, needle in zip(depths, needles):
+        cut = round(depth * n)
+        haystack += text[cut_prev:cut]
+        spans.append((len(haystack), len(haystack) + len(needle)))
+        haystack += needle
+        cut_prev = cut
+    haystack += text[cut_prev:]
+    question = tokenizer.encode(" " + QUESTION.format(id=ids[asked]))
+    return Episode(haystack, question, answer_tokens(tokenizer, numbers[asked]), ids, numbers, asked, spans)
+
+
+def answer_tokens(tokenizer, number: str) -> list[int]:
+    return tokenizer.encode(" " + number)
+
+
+def needle_tokens(tokenizer, id_: str, number: str) -> list[int]:
+    """" The secret number for ID-xxxx is dddddd." with the number encoded as the answer is."""
+    return tokenizer.encode(" " + NEEDLE.format(id=id_)) + answer_tokens(tokenizer, number) + tokenizer.encode(".")

@@ -1,0 +1,113 @@
+"""`clp eval` (long-context loss by position): positions within documents against a loop, bucketed
+losses that merge to the model's own loss, and the family run on the tiny stream."""
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from cl_platform.check import ConfigError
+from experiments.longctx import context_positions, load, run, score
+
+
+def test_context_positions_against_a_loop():
+    g = torch.Generator().manual_seed(0)
+    starts = torch.rand(3, 40, generator=g) < 0.1
+    starts[1, 0] = True
+    pos = context_positions(starts)
+    for b in range(3):
+        last = 0
+        for t in range(40):
+            if starts[b, t]:
+                last = t
+            assert pos[b, t] == t - last
+
+
+def family(tiny, tmp_path, **fields):
+    base = tiny.config(tmp_path / "base.yaml")
+    data = {"base": "base.yaml", "variants": {"attention": {"fwpkm_layers": []}, "fwpkm": {}},
+            "buckets": [0, 8, 16, 32], "bootstrap_samples": 50, **fields}
+    path = tmp_path / "family.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path, base
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"variants": {"attention": {"n_layer": 3}}}, "may set only"),
+    ({"reference": "mamba"}, "reference"),
+    ({"buckets": [8, 16, 32]}, "buckets"),
+    ({"buckets": [0, 16, 8]}, "buckets"),
+    ({"split": "test"}, "split"),
+    ({"variantz": {}}, "variantz"),
+])
+def test_bad_configs_are_named(tiny, tmp_path, fields, message):
+    path, _ = family(tiny, tmp_path, **fields)
+    with pytest.raises((ConfigError, ValueError), match=message):
+        load(path)
+
+
+def test_errors_before_any_pretraining(tiny, tmp_path):
+    path, _ = family(tiny, tmp_path, buckets=[0, 8, 16], runs_root=str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match="buckets.*32-token segments"):
+        run(load(path))
+    path, _ = family(tiny, tmp_path, variants={"attention": {"fwpkm_layers": [5]}}, runs_root=str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match="variant 'attention'.*fwpkm_layers"):
+        run(load(path))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_buckets_merge_to_the_models_own_loss(tiny_base):
+    """Writes off: the bucketed sums add up to the split's loss from a plain batched forward.
+    Writes on: to a loop that restores the memory and reads one segment at a time."""
+    from experiments.setup import build_model
+
+    setup = tiny_base.setup
+    weights = torch.load(tiny_base.path, weights_only=False)["model"]
+    scores = score(setup, weights, "eval", [0, 4, 16, 32])
+    model = build_model(setup.model_config, 0, setup.config.pretrain.fwpkm)
+    model.load_state_dict(weights)
+    model.eval()
+    memory = model.snapshot_memory()
+    for name, data in setup.scenario.domains.items():
+        seg = data.splits["eval"].segments
+        batch = [seg[i] for i in range(len(seg))]
+        x = torch.stack([b["input_ids"] for b in batch])
+        y = torch.stack([b["targets"] for b in batch])
+        model.set_writes(False)
+        with torch.no_grad():
+            _, off = model(x, y)
+        on_sum, n = 0.0, 0
+        model.set_writes(True)
+        for b in batch:
+            model.restore_memory(memory)
+            with torch.no_grad():
+                _, loss = model(b["input_ids"][None], b["targets"][None])
+            k = int((b["targets"] != -100).sum())
+            on_sum, n = on_sum + float(loss) * k, n + k
+        model.restore_memory(memory)
+        for setting, want in (("off", float(off)), ("on", on_sum / n)):
+            got = scores[name][setting]
+            counts = np.array(got["counts"])
+            assert counts.sum() == n == seg.n_tokens
+            assert np.array(got["sums"]).sum() / counts.sum() == pytest.approx(want, rel=1e-5)
+            assert got["mean"] == pytest.approx(want, rel=1e-5)
+        # writing while reading changes what later chunks read
+        assert not np.allclose(scores[name]["on"]["sums"], scores[name]["off"]["sums"])
+
+
+def test_family_run_writes_results_table_and_plot_and_reuses_them(tiny, tmp_path):
+    path, _ = family(tiny, tmp_path, runs_root=str(tiny.runs))
+    said = []
+    folder, _ = run(load(path), say=said.append)
+    assert (folder / "table.txt").is_file() and (folder / "positions.png").stat().st_size > 1000
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["domains"] == ["math", "code"] and set(saved["means"]) == {"attention", "fwpkm"}
+    assert "on" not in saved["means"]["attention"]["math"]  # no memory, nothing to write
+    diff = saved["differences"]["on_minus_off"]["fwpkm"]["math"][0]
+    on, off = saved["means"]["fwpkm"]["math"]["on"], saved["means"]["fwpkm"]["math"]["off"]
+    assert [c["value"] for c in diff] == pytest.approx([a - b for a, b in zip(on, off)])
+    assert saved["documents"]["math"] > 1 and len(diff) == 3
+    again = []
+    run(load(path), say=again.append)
+    assert not any("scoring" in line for line in again)  # finished variants are read back

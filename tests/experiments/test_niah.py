@@ -1,0 +1,127 @@
+"""`clp niah`: n-iter reading is n reads and n − 1 whole-context writes (counted on every FwPKM
+layer), episodes do not see each other's writes, bad configs are named before any work, and the
+whole experiment runs on the tiny family (fine-tune, score, reuse)."""
+import contextlib
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from cl_platform.check import ConfigError
+from experiments.niah import load, read_in_pass, read_iteratively, run
+from streams.needles import NeedleConfig, make_episode
+
+
+@pytest.fixture
+def model_and_episodes(tiny_base):
+    from experiments.setup import build_model
+
+    setup = tiny_base.setup
+    weights = torch.load(tiny_base.path, weights_only=False)["model"]
+    model = build_model(setup.model_config, 0, setup.config.pretrain.fwpkm)
+    model.load_state_dict(weights)
+    model.eval()
+    split = setup.scenario.domains["math"].splits["eval"]
+    source = split.segments.tokens[:, :-1][split.segments.doc_index[:, :-1] >= 0].numpy()
+    cfg = NeedleConfig(haystack_tokens=120, needles=2, depths=(0.1, 0.3))
+    rng = np.random.default_rng(0)
+    episodes = [make_episode(cfg, setup.scenario.tokenizer, source, rng) for _ in range(3)]
+    return model, episodes, setup.config.pretrain.fwpkm
+
+
+def test_n_iter_is_n_reads_and_n_minus_1_whole_context_writes(model_and_episodes):
+    model, episodes, rule = model_and_episodes
+    memory = model.snapshot_memory()
+    ep = episodes[0]
+    logits = {}
+    for n in (1, 2, 3):
+        captured: list[torch.Tensor] = []
+        handle = model.lm_head.register_forward_hook(lambda m, i, o, out=captured: out.append(o.detach().clone()))
+        read_iteratively(model, ep, n, rule, memory, contextlib.nullcontext())
+        handle.remove()
+        logits[n] = captured[-1]
+        for layer in model.fwpkm_layers():
+            assert (layer.calls, layer.writes) == (n, n - 1)
+            assert layer.rule.chunk == len(ep.haystack)  # each extra read writes once over the whole context
+        assert len(captured) == n  # n forward passes in all
+    # the writes change what the final read sees; one read writes nothing
+    assert not torch.equal(logits[1], logits[2]) and not torch.equal(logits[2], logits[3])
+    model.restore_memory(memory)
+    model.set_writes(False)
+    with torch.no_grad():
+        plain = model(torch.tensor(ep.haystack + ep.question + ep.answer[:-1])[None])
+    assert torch.equal(plain, logits[1])
+
+
+def test_episodes_start_from_the_same_memory(model_and_episodes):
+    model, episodes, rule = model_and_episodes
+    memory = model.snapshot_memory()
+    null = contextlib.nullcontext()
+    alone = [read_iteratively(model, episodes[2], 3, rule, memory, null), read_in_pass(model, episodes[2], rule, memory, null)]
+    for ep in episodes[:2]:
+        read_iteratively(model, ep, 3, rule, memory, null)
+        read_in_pass(model, ep, rule, memory, null)
+    after = [read_iteratively(model, episodes[2], 3, rule, memory, null), read_in_pass(model, episodes[2], rule, memory, null)]
+    assert after == alone
+    values = model.fwpkm_layers()[0].values
+    read_in_pass(model, episodes[2], rule, memory, null)
+    assert not torch.equal(values, memory[0].values)  # in-pass reading writes ...
+    read_iteratively(model, episodes[2], 1, rule, memory, null)
+    assert torch.equal(values, memory[0].values)  # ... a 1-iter read does not
+
+
+def family_files(tiny, tmp_path, **niah):
+    tiny.config(tmp_path / "base.yaml")
+    (tmp_path / "family.yaml").write_text(yaml.safe_dump({
+        "base": "base.yaml", "variants": {"attention": {"fwpkm_layers": []}, "fwpkm": {}},
+        "buckets": [0, 16, 32]}), encoding="utf-8")
+    data = {"family": "family.yaml", "haystack_domain": "math",
+            "models": {"attention": {"variant": "attention", "finetune": True},
+                       "fwpkm-zero-shot": {"variant": "fwpkm"}},
+            "needles": {"haystack_tokens": 100, "needles": 2, "depths": [0.1, 0.4]},
+            "iterations": [1, 2], "episodes": 6, "finetune_steps": 3, "finetune_batch_size": 2, **niah}
+    path = tmp_path / "niah.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"needles": {"haystack_tokens": 100, "needles": 1, "depths": [1.2]}}, "depth 1.2 is outside"),
+    ({"needles": {"haystack_tokens": 30, "needles": 2, "depths": [0.1, 0.2]}}, "shorter than its 2 needles"),
+    ({"models": {"x": {"variant": "fwpkm", "finetune": "yes"}}}, "finetune must be true or false"),
+    ({"models": {"x": {"variant": "fwpkm", "rule": {"chunkz": 3}}}}, "models.x.rule"),
+    ({"models": {"x": {"varient": "fwpkm"}}}, "needs 'variant'"),
+    ({"iterations": [0, 1]}, "iterations"),
+])
+def test_bad_configs_are_named(tiny, tmp_path, fields, message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        load(family_files(tiny, tmp_path, **fields))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"models": {"x": {"variant": "mamba"}}}, "models.x.variant.*'mamba' is not a variant"),
+    ({"haystack_domain": "poetry"}, "haystack_domain.*'poetry' is not a domain"),
+])
+def test_unknown_names_are_named_before_any_work(tiny, tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=message):
+        run(load(family_files(tiny, tmp_path, runs_root=str(tmp_path / "runs"), **fields)))
+    assert not list((tmp_path / "runs").glob("niah-*/*.json"))
+
+
+def test_niah_run_on_the_tiny_family(tiny, tmp_path):
+    said = []
+    folder, _ = run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=said.append)
+    assert any("fine-tuning 3 steps" in s for s in said)
+    saved = json.loads((folder / "results.json").read_text())
+    for name in ("attention", "fwpkm-zero-shot"):
+        per = json.loads((folder / f"{name}-seed0.json").read_text())
+        for setting in ("1-iter", "2-iter", "in-pass"):
+            hits = per["hits"][setting]
+            assert len(hits) == 6 and saved["models"][name][setting]["mean"] == pytest.approx(sum(hits) / 6)
+            low, high = saved["models"][name][setting]["wilson"]
+            assert 0 <= low <= sum(hits) / 6 <= high <= 1
+    again = []
+    run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=again.append)
+    assert not any("scoring" in s for s in again)

@@ -1,0 +1,66 @@
+"""The needle inserter: haystack length, needle placement, the source text kept in order, the
+answer encoded as the needle holds it; bad input named."""
+import numpy as np
+import pytest
+
+from cl_platform.tokenizer import load_tokenizer
+from streams.needles import NeedleConfig, make_episode, needle_tokens
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+SOURCE = np.arange(5, 3005)  # distinct token ids: where each came from is visible
+
+
+def test_needles_at_their_depths_and_the_text_kept_in_order(tok):
+    cfg = NeedleConfig(haystack_tokens=600, needles=3, depths=(0.1, 0.5, 0.9))
+    ep = make_episode(cfg, tok, SOURCE, np.random.default_rng(0), asked=1)
+    assert len(ep.haystack) == 600
+    needles = [needle_tokens(tok, i, n) for i, n in zip(ep.ids, ep.numbers)]
+    text_len = 600 - sum(map(len, needles))
+    before = 0
+    for (a, b), needle, depth in zip(ep.needle_spans, needles, cfg.depths):
+        assert ep.haystack[a:b] == needle
+        assert a - before == round(depth * text_len)  # text tokens before it = depth of the text
+        before += len(needle)
+    text = [t for i, t in enumerate(ep.haystack) if not any(a <= i < b for a, b in ep.needle_spans)]
+    assert len(text) == text_len and text == list(range(text[0], text[0] + text_len))  # one window, in order
+    assert len(set(ep.ids)) == 3 and all(len(i) == 4 for i in ep.ids) and all(len(n) == 6 for n in ep.numbers)
+    # the answer: the asked needle's number, the same tokens as in the needle, right after "is"
+    assert tok.decode(ep.answer) == " " + ep.numbers[1]
+    a, b = ep.needle_spans[1]
+    assert ep.haystack[b - len(ep.answer) - 1:b - 1] == ep.answer
+    assert tok.decode(ep.question).endswith(f"for ID-{ep.ids[1]} is") and ep.ids[1] in tok.decode(ep.question)
+    assert ep.distance() == 600 - b + len(ep.question)
+
+
+def test_same_generator_same_episode(tok):
+    cfg = NeedleConfig(haystack_tokens=300, needles=2, depths=(0.2, 0.4))
+    a = make_episode(cfg, tok, SOURCE, np.random.default_rng(7))
+    b = make_episode(cfg, tok, SOURCE, np.random.default_rng(7))
+    c = make_episode(cfg, tok, SOURCE, np.random.default_rng(8))
+    assert a == b and a.haystack != c.haystack
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"depths": (0.1, 1.5), "needles": 2}, "depth 1.5 is outside"),
+    ({"depths": (-0.1,), "needles": 1}, "depth -0.1 is outside"),
+    ({"depths": (0.1, 0.2), "needles": 3}, "has 2 entries for needles=3"),
+    ({"haystack_tokens": 60, "needles": 5}, "shorter than its 5 needles"),
+    ({"haystack_tokens": 0}, "haystack_tokens must be a positive int"),
+])
+def test_bad_configs_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        NeedleConfig(**fields)
+
+
+def test_source_shorter_than_the_haystack_is_named(tok):
+    with pytest.raises(ValueError, match="haystack source has 100 tokens"):
+        make_episode(NeedleConfig(haystack_tokens=200, needles=1, depths=(0.5,)), tok, SOURCE[:100],
+                     np.random.default_rng(0))
+    with pytest.raises(ValueError, match="depth 2 is outside"):
+        make_episode(NeedleConfig(haystack_tokens=200, needles=1, depths=(0.5,)), tok, SOURCE,
+                     np.random.default_rng(0), depths=[2])
