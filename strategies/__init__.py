@@ -8,9 +8,13 @@ from typing import Any
 
 from cl_platform.strategy import Strategy
 from strategies.naive import NaiveStrategy
+from strategies.replay import Replay
+from strategies.slot_freezing import SlotFreezing
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "naive": NaiveStrategy,
+    "replay": Replay,
+    "slot_freezing": SlotFreezing,
 }
 
 
