@@ -7,12 +7,16 @@ test checks that every `Strategy` subclass in this package is in it.
 from typing import Any
 
 from cl_platform.strategy import Strategy
+from strategies.ewc import EWC
+from strategies.lwf import LwF
 from strategies.naive import NaiveStrategy
 from strategies.replay import Replay
 from strategies.slot_freezing import SlotFreezing
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "naive": NaiveStrategy,
+    "ewc": EWC,
+    "lwf": LwF,
     "replay": Replay,
     "slot_freezing": SlotFreezing,
 }
