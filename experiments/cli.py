@@ -3,8 +3,9 @@
     clp bench layer [--quick]            FwPKM layer throughput / memory table (BENCHMARKS.md)
     clp bench step [--quick]             training / evaluation step, float32 vs bf16-mixed (BENCHMARKS.md)
     clp recall CONFIG [--seeds 0,1,2]    associative recall beyond the attention window, with and without FwPKM
-    clp eval CONFIG [--seeds 0,1,2]      long-context loss by position of the baseline family, writes on / off
+    clp eval CONFIG [--seeds 0,1,2] [--variants a,b]   long-context loss by position of the baseline family, writes on / off
     clp niah CONFIG [--seeds 0,1,2]      needle in a haystack with n-iter reading on the family's bases
+    clp compare CONFIG [--seeds 0,1,2] [--entries a,b]   strategies side by side, mean ± std over seeds
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
     clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
@@ -51,7 +52,8 @@ def _eval(args: argparse.Namespace) -> int:
     from experiments.seeds import parse_seeds
 
     try:
-        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None)
+        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
+                    args.variants.split(",") if args.variants else None)
     except _run_errors() as err:
         print(f"clp eval: error: {err}", file=sys.stderr)
         return 2
@@ -65,6 +67,18 @@ def _niah(args: argparse.Namespace) -> int:
         return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None)
     except (*_run_errors(), ValueError) as err:
         print(f"clp niah: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from experiments.compare import main
+    from experiments.seeds import parse_seeds
+
+    try:
+        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
+                    args.entries.split(",") if args.entries else None)
+    except _run_errors() as err:
+        print(f"clp compare: error: {err}", file=sys.stderr)
         return 2
 
 
@@ -154,12 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="long-context loss by position of the baseline family (issue 8)")
     ev.add_argument("config", help="family YAML, e.g. experiments/longctx.yaml")
     ev.add_argument("--seeds", default=None, help="comma-separated base seeds, replacing the file's (e.g. 0,1,2)")
+    ev.add_argument("--variants", default=None, help="comma-separated subset of the file's variants (e.g. attention,fwpkm)")
     ev.set_defaults(func=_eval)
 
     ni = sub.add_parser("niah", help="needle in a haystack with n-iter reading (issue 8)")
     ni.add_argument("config", help="needle YAML, e.g. experiments/niah.yaml")
     ni.add_argument("--seeds", default=None, help="comma-separated fine-tuning seeds, replacing the file's")
     ni.set_defaults(func=_niah)
+
+    cmp_ = sub.add_parser("compare", help="strategies side by side on the same stream, base and seeds (issue 10)")
+    cmp_.add_argument("config", help="comparison YAML, e.g. experiments/compare_strategies.yaml")
+    cmp_.add_argument("--seeds", default=None, help="comma-separated seeds, replacing the file's")
+    cmp_.add_argument("--entries", default=None, help="comma-separated subset of the file's entries")
+    cmp_.set_defaults(func=_compare)
 
     tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
     build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")

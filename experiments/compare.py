@@ -1,0 +1,174 @@
+"""`clp compare COMPARE.yaml`: strategies side by side on the same stream, base and seeds.
+
+    clp compare experiments/compare_strategies.yaml
+    clp compare experiments/compare_strategies.yaml --entries naive,replay --seeds 0
+
+The file names a run config (`run`), the seeds, and the entries: each a list of dotted overrides
+of that run config (`strategy.name=replay`, `cl.mode=finetune`, ...). Every (entry, seed) is an
+ordinary run (`experiments/run.py:execute`, its own folder, TensorBoard events and resume), all
+on the run config's cached base; a re-run finds finished members and continues killed ones, so
+the same command resumes a stopped comparison. Then per entry: mean ± std over seeds of the
+headline metrics (`analysis.metrics.summary`), the extra compute (training + evaluation wall time
+relative to the first entry of the same mode) and the strategy's state size, printed and written
+as `comparison.json` / `comparison.csv` / `comparison.txt` under
+`<runs_root>/compare-<name>-<hash>/`.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from cl_platform.atomic import atomic_write_json, atomic_write_text
+from cl_platform.check import ConfigError, check, from_mapping, is_int, read_yaml
+
+METRICS = ("adaptation_gain", "retention_after_2", "average_forgetting", "average_final")
+
+
+@dataclass
+class Comparison:
+    run: str = "default.yaml"  # the run config every entry starts from, relative to this file
+    entries: dict[str, list[str]] = field(default_factory=dict)  # name -> dotted overrides
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    name: str = "strategies"
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.entries, dict) and bool(self.entries), self, "entries",
+              "must map entry names to lists of dotted overrides (e.g. [strategy.name=replay])")
+        for entry, overrides in self.entries.items():
+            check(isinstance(overrides, list) and all(isinstance(o, str) and "=" in o for o in overrides), self,
+                  "entries", f"entry {entry!r} must be a list of 'key=value' overrides, got {overrides!r}")
+        check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
+              self, "seeds", "must be a non-empty list of distinct ints")
+
+
+def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | None = None) -> Comparison:
+    path = Path(path)
+    data = read_yaml(path, "comparison config")
+    if seeds is not None:
+        data["seeds"] = seeds
+    if entries is not None:
+        known = data.get("entries") or {}
+        unknown = [e for e in entries if e not in known]
+        if unknown:
+            raise ConfigError(f"{path}: --entries {unknown} not among the file's entries {list(known)}")
+        data["entries"] = {e: known[e] for e in entries}
+    comp = from_mapping(Comparison, data, f"comparison config {path}")
+    comp.run = str(path.parent / comp.run) if not Path(comp.run).is_absolute() else comp.run
+    return comp
+
+
+def state_bytes(folder: Path) -> int | None:
+    """Size of the strategy's saved state in the run's last checkpoint (None without one)."""
+    import torch
+
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        return None
+    state = torch.load(ckpt, map_location="cpu", weights_only=False).get("strategy", {})
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.tell()
+
+
+def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool = False) -> tuple[Path, dict]:
+    from analysis.metrics import summary
+    from cl_platform.config import load_config
+    from experiments.run import execute
+    from experiments.setup import load_setup, make_strategy
+
+    # Every entry's config and strategy are checked before anything trains.
+    for entry, overrides in comp.entries.items():
+        try:
+            make_strategy(load_setup(comp.run, overrides))
+        except ConfigError as err:
+            raise ConfigError(f"comparison entry {entry!r}: {err}") from None
+    members: dict[str, list[dict[str, Any]]] = {}
+    for entry, overrides in comp.entries.items():
+        for seed in comp.seeds:
+            say(f"--- {entry}, seed {seed}")
+            folder, results, _ = execute(comp.run, [*overrides, f"seed={seed}"], resume=True,
+                                         progress_bar=progress_bar, say=say)
+            record = json.loads((folder / "run.json").read_text())
+            timings = record.get("timings", {})
+            seconds = sum(e.get("train", 0.0) + e.get("eval", 0.0) for e in timings.get("experiences", []))
+            cfg = load_config(comp.run, [*overrides, f"seed={seed}"])
+            members.setdefault(entry, []).append({
+                "seed": seed, "folder": str(folder), "mode": cfg.cl.mode, "strategy": cfg.strategy.name,
+                "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder)})
+    table = summarise(comp, members)
+    digest = hashlib.sha256("\0".join(m["folder"] for ms in members.values() for m in ms).encode()).hexdigest()[:12]
+    out = Path(load_config(comp.run).runs_root) / f"compare-{comp.name}-{digest}"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "comparison.json", {"entries": table, "members": members, "seeds": comp.seeds})
+    atomic_write_text(out / "comparison.csv", to_csv(table))
+    text = format_table(table, comp.seeds)
+    atomic_write_text(out / "comparison.txt", text + "\n")
+    say(text)
+    say(f"comparison: {out}/comparison.json (+ .csv, .txt)")
+    return out, table
+
+
+def _stat(values: list[float]) -> dict[str, float]:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return {"mean": math.nan, "std": math.nan}
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else math.nan}
+
+
+def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
+    """Per entry: mean ± std over seeds of METRICS, final perplexity, seconds relative to the
+    first entry of the same mode, and the strategy state size."""
+    reference: dict[str, float] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for entry, ms in members.items():
+        row: dict[str, Any] = {"mode": ms[0]["mode"], "strategy": ms[0]["strategy"], "seeds": [m["seed"] for m in ms]}
+        for metric in METRICS:
+            row[metric] = _stat([m["summary"][metric] for m in ms])
+        row["final_perplexity"] = _stat([math.exp(m["summary"]["average_final"]) for m in ms])
+        seconds = statistics.fmean(m["seconds"] for m in ms)
+        reference.setdefault(row["mode"], seconds)
+        row["seconds"] = seconds
+        row["relative_compute"] = seconds / reference[row["mode"]] if reference[row["mode"]] else math.nan
+        row["state_bytes"] = max((m["state_bytes"] or 0) for m in ms)
+        out[entry] = row
+    return out
+
+
+def to_csv(table: dict[str, dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["entry", "mode", "strategy", *[f"{m}_{s}" for m in (*METRICS, "final_perplexity") for s in ("mean", "std")],
+                "seconds", "relative_compute", "state_bytes"])
+    for entry, row in table.items():
+        w.writerow([entry, row["mode"], row["strategy"],
+                    *[row[m][s] for m in (*METRICS, "final_perplexity") for s in ("mean", "std")],
+                    row["seconds"], row["relative_compute"], row["state_bytes"]])
+    return buf.getvalue()
+
+
+def format_table(table: dict[str, dict[str, Any]], seeds: list[int]) -> str:
+    heads = ["adaptation gain", "retention after 2", "avg forgetting", "final avg loss", "final ppl",
+             "compute", "state"]
+    lines = [f"strategies, mean ± std over seeds {seeds} (loss in nats; compute: train + eval time relative to "
+             f"the first entry of the same mode)",
+             f"{'entry':>18s} {'mode':>9s} " + "".join(f"{h:>20s}" for h in heads)]
+    for entry, row in table.items():
+        cells = [f"{row[m]['mean']:+.4f} ± {row[m]['std']:.4f}" for m in METRICS]
+        cells.append(f"{row['final_perplexity']['mean']:.1f} ± {row['final_perplexity']['std']:.1f}")
+        cells.append(f"{row['relative_compute']:.2f}x")
+        cells.append(f"{row['state_bytes'] / 1e6:.2f} MB")
+        lines.append(f"{entry:>18s} {row['mode']:>9s} " + "".join(f"{c:>20s}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(config: str, seeds: list[int] | None = None, entries: list[str] | None = None) -> int:
+    run(load(config, seeds, entries))
+    return 0
