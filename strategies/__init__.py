@@ -7,6 +7,7 @@ test checks that every `Strategy` subclass in this package is in it.
 from typing import Any
 
 from cl_platform.strategy import Strategy
+from strategies.distill import Distill
 from strategies.ewc import EWC
 from strategies.lwf import LwF
 from strategies.naive import NaiveStrategy
@@ -15,6 +16,7 @@ from strategies.slot_freezing import SlotFreezing
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "naive": NaiveStrategy,
+    "distill": Distill,
     "ewc": EWC,
     "lwf": LwF,
     "replay": Replay,
