@@ -175,6 +175,9 @@ class ContinualRunner:
             self._train(ctx, exp)
             torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x2)
             self.strategy.on_experience_end(ctx)
+            if self.is_rank_zero:
+                atomic_write_json(self.run_dir / "strategy.json",
+                                  {"name": self.results.strategy, "after_experience": t, **self.strategy.summary()})
             if self._last_curve_step() != self.position.step:
                 self.curve_point()
             self.clock.start(f"exp{t}_eval")

@@ -93,6 +93,11 @@ class Strategy:
     def after_backward(self, ctx: StrategyContext) -> None:
         """After gradients are computed, before the optimiser step."""
 
+    def summary(self) -> dict[str, Any]:
+        """What the strategy did, JSON-serialisable (e.g. frozen slots owned per domain); the
+        runner writes it to the run folder's `strategy.json` after every experience."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume; must be savable with `torch.save`."""
         return {}
@@ -148,6 +153,9 @@ class CompositeStrategy(Strategy):
     def after_backward(self, ctx: StrategyContext) -> None:
         for strategy in self.strategies:
             strategy.after_backward(ctx)
+
+    def summary(self) -> dict[str, Any]:
+        return {type(s).__name__ + f"#{i}": s.summary() for i, s in enumerate(self.strategies)}
 
     def state_dict(self) -> dict[str, Any]:
         # The class name travels with each state so that a checkpoint from a differently
