@@ -4,7 +4,7 @@
     clp bench step [--quick]             training / evaluation step, float32 vs bf16-mixed (BENCHMARKS.md)
     clp recall CONFIG [--seeds 0,1,2]    associative recall beyond the attention window, with and without FwPKM
     clp eval CONFIG [--seeds 0,1,2] [--variants a,b]   long-context loss by position of the baseline family, writes on / off
-    clp niah CONFIG [--seeds 0,1,2]      needle in a haystack with n-iter reading on the family's bases
+    clp niah CONFIG [--seeds 0,1,2] [--models a,b]   needle in a haystack with n-iter reading on the family's bases
     clp compare CONFIG [--seeds 0,1,2] [--entries a,b]   strategies side by side, mean ± std over seeds
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
@@ -64,7 +64,8 @@ def _niah(args: argparse.Namespace) -> int:
     from experiments.seeds import parse_seeds
 
     try:
-        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None)
+        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
+                    args.models.split(",") if args.models else None)
     except (*_run_errors(), ValueError) as err:
         print(f"clp niah: error: {err}", file=sys.stderr)
         return 2
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     ni = sub.add_parser("niah", help="needle in a haystack with n-iter reading (issue 8)")
     ni.add_argument("config", help="needle YAML, e.g. experiments/niah.yaml")
     ni.add_argument("--seeds", default=None, help="comma-separated fine-tuning seeds, replacing the file's")
+    ni.add_argument("--models", default=None, help="comma-separated subset of the file's models")
     ni.set_defaults(func=_niah)
 
     cmp_ = sub.add_parser("compare", help="strategies side by side on the same stream, base and seeds (issue 10)")

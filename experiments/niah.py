@@ -3,6 +3,7 @@ family's language-model bases, zero-shot and after a brief fine-tune on needle e
 
     clp niah experiments/niah.yaml                # the bases come from the family config (clp eval)
     clp niah experiments/niah.yaml --seeds 0,1,2  # fine-tuning seeds
+    clp niah experiments/niah.yaml --models fwpkm,fwpkm-no-lookahead   # a subset (results are shared)
 
 An episode (`streams/needles.py`): a window of real text with 5 needles "The secret number for
 ID-xxxx is dddddd.", then a question about one; exact match of the number's tokens (teacher
@@ -86,11 +87,18 @@ class NeedleExperiment:
               self, "seeds", "must be a non-empty list of distinct ints")
 
 
-def load(path: str | Path, seeds: list[int] | None = None) -> NeedleExperiment:
+def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | None = None) -> NeedleExperiment:
+    """The experiment in a YAML file; `seeds` replaces the file's; `models` keeps only those."""
     path = Path(path)
     data = read_yaml(path, "needle config")
     if seeds is not None:
         data["seeds"] = seeds
+    if models is not None:
+        known = data.get("models") or {}
+        unknown = [m for m in models if m not in known]
+        if unknown:
+            raise ConfigError(f"{path}: --models {unknown} not among the file's models {list(known)}")
+        data["models"] = {m: known[m] for m in models}
     try:
         exp = from_mapping(NeedleExperiment, data, f"needle config {path}")
     except ValueError as err:
@@ -346,6 +354,6 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, seeds: list[int] | None = None) -> int:
-    run(load(config, seeds))
+def main(config: str, seeds: list[int] | None = None, models: list[str] | None = None) -> int:
+    run(load(config, seeds, models))
     return 0

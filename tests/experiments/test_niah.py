@@ -125,3 +125,10 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
     again = []
     run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=again.append)
     assert not any("scoring" in s for s in again)
+
+
+def test_model_subset(tiny, tmp_path):
+    path = family_files(tiny, tmp_path)
+    assert list(load(path, models=["attention"]).models) == ["attention"]
+    with pytest.raises(ConfigError, match="--models \\['mamba'\\] not among"):
+        load(path, models=["mamba"])
