@@ -194,6 +194,9 @@ class LMModule(L.LightningModule):
         torch.manual_seed(step_seed(self.seed, pos.step))
         ctx = self.ctx
         use_strategy = self.phase != "pretrain" and ctx is not None
+        # The stream's own segments in this batch, before a strategy appends any (replay): the
+        # data position counts only these, so a resumed run continues where the stream stopped.
+        streamed = batch["input_ids"].shape[0]
         if use_strategy:
             ctx.global_step = pos.step
             batch = self.strategy.transform_batch(batch, ctx)
@@ -207,7 +210,7 @@ class LMModule(L.LightningModule):
             raise NonFiniteLossError(f"step {pos.step + 1}: {err}", pos.step + 1) from None
         world = self.trainer.world_size if self._trainer is not None else 1
         pos.step += 1
-        pos.segments_done += x.shape[0] * world
+        pos.segments_done += streamed * world
         self.last_losses = stats
         self.log("loss", stats["lm"], prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=x.shape[0])
 

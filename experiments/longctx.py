@@ -3,7 +3,7 @@ a static PKM, an FwPKM, or both, pretrained on the same tokens, steps and seeds;
 loss by position in the document, with the FwPKM writing while it reads and with writes off.
 
     clp eval experiments/longctx.yaml                 # pretrains the missing bases, then evaluates
-    clp eval experiments/longctx.yaml --seeds 0,1,2
+    clp eval experiments/longctx.yaml --seeds 0,1,2 --variants attention,fwpkm
 
 The bases are ordinary cached bases (`experiments/base.py`): the family config names a run config
 (`base`) and, per variant, the model fields that differ (where the memories sit). Evaluation:
@@ -68,12 +68,19 @@ class LongContextExperiment:
         check(is_int(self.bootstrap_samples, 1), self, "bootstrap_samples", "must be a positive int")
 
 
-def load(path: str | Path, seeds: list[int] | None = None) -> LongContextExperiment:
-    """The experiment in a YAML file; `base` becomes a path relative to it; `seeds` replaces the file's."""
+def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] | None = None) -> LongContextExperiment:
+    """The experiment in a YAML file; `base` becomes a path relative to it; `seeds` replaces the
+    file's; `variants` keeps only those of the file's variants (the reference among them)."""
     path = Path(path)
     data = read_yaml(path, "long-context config")
     if seeds is not None:
         data["seeds"] = seeds
+    if variants is not None:
+        known = data.get("variants") or {}
+        unknown = [v for v in variants if v not in known]
+        if unknown:
+            raise ConfigError(f"{path}: --variants {unknown} not among the file's variants {list(known)}")
+        data["variants"] = {v: known[v] for v in variants}
     exp = from_mapping(LongContextExperiment, data, f"long-context config {path}")
     exp.base = str((path.parent / exp.base)) if not Path(exp.base).is_absolute() else exp.base
     if not Path(exp.base).is_file():
@@ -309,6 +316,6 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, seeds: list[int] | None = None) -> int:
-    run(load(config, seeds))
+def main(config: str, seeds: list[int] | None = None, variants: list[str] | None = None) -> int:
+    run(load(config, seeds, variants))
     return 0

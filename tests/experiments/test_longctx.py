@@ -111,3 +111,14 @@ def test_family_run_writes_results_table_and_plot_and_reuses_them(tiny, tmp_path
     again = []
     run(load(path), say=again.append)
     assert not any("scoring" in line for line in again)  # finished variants are read back
+
+
+def test_variant_subset_on_the_command_line(tiny, tmp_path):
+    path, _ = family(tiny, tmp_path)
+    assert list(load(path, variants=["attention"]).variants) == ["attention"]
+    with pytest.raises(ConfigError, match="--variants \\['mamba'\\] not among"):
+        load(path, variants=["attention", "mamba"])
+    with pytest.raises(ConfigError, match="reference"):
+        load(path, variants=["fwpkm"])
+    proc = tiny.run_cli(["eval", str(path), "--variants", "mamba"], check=False)
+    assert proc.returncode == 2 and "clp eval: error" in proc.stderr and "mamba" in proc.stderr
