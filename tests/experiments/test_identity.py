@@ -111,13 +111,16 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     from cl_platform.config import load_config
     from streams.stream import load_stream_config
 
-    from experiments import recall
+    from experiments import compare, longctx, niah, recall
 
     root = Path(__file__).resolve().parents[2] / "experiments"
-    # Every shipped YAML is a run config or the recall experiment's, and loads as one.
-    recall.load(root / "recall.yaml")
-    configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml")) if p.stem != "recall"}
-    assert set(configs) == {"default", "indomain"}
+    # Every shipped YAML is a run config or one experiment's own config, and loads as one.
+    others = {"recall": recall.load, "longctx": longctx.load, "niah": niah.load, "compare_strategies": compare.load}
+    for stem, loader in others.items():
+        loader(root / f"{stem}.yaml")
+    configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml")) if p.stem not in others}
+    assert set(configs) == {"default", "indomain", "longctx_base"}
+    assert configs["longctx_base"].pretrain.batch_size * 2048 == 8 * 512  # the main job's tokens per step
     default = configs["default"]
     assert (default.pretrain.precision, default.cl.precision) == ("bf16-mixed", "bf16-mixed")
     stream = load_stream_config(default.stream)  # resolved against the config file's folder
