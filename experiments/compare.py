@@ -54,12 +54,9 @@ def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | 
     data = read_yaml(path, "comparison config")
     if seeds is not None:
         data["seeds"] = seeds
-    if entries is not None:
-        known = data.get("entries") or {}
-        unknown = [e for e in entries if e not in known]
-        if unknown:
-            raise ConfigError(f"{path}: --entries {unknown} not among the file's entries {list(known)}")
-        data["entries"] = {e: known[e] for e in entries}
+    from experiments.seeds import keep_named
+
+    keep_named(data, "entries", entries, "--entries", path)
     comp = from_mapping(Comparison, data, f"comparison config {path}")
     comp.run = str(path.parent / comp.run) if not Path(comp.run).is_absolute() else comp.run
     return comp

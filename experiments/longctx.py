@@ -75,12 +75,9 @@ def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] |
     data = read_yaml(path, "long-context config")
     if seeds is not None:
         data["seeds"] = seeds
-    if variants is not None:
-        known = data.get("variants") or {}
-        unknown = [v for v in variants if v not in known]
-        if unknown:
-            raise ConfigError(f"{path}: --variants {unknown} not among the file's variants {list(known)}")
-        data["variants"] = {v: known[v] for v in variants}
+    from experiments.seeds import keep_named
+
+    keep_named(data, "variants", variants, "--variants", path)
     exp = from_mapping(LongContextExperiment, data, f"long-context config {path}")
     exp.base = str((path.parent / exp.base)) if not Path(exp.base).is_absolute() else exp.base
     if not Path(exp.base).is_file():

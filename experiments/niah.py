@@ -93,12 +93,9 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
     data = read_yaml(path, "needle config")
     if seeds is not None:
         data["seeds"] = seeds
-    if models is not None:
-        known = data.get("models") or {}
-        unknown = [m for m in models if m not in known]
-        if unknown:
-            raise ConfigError(f"{path}: --models {unknown} not among the file's models {list(known)}")
-        data["models"] = {m: known[m] for m in models}
+    from experiments.seeds import keep_named
+
+    keep_named(data, "models", models, "--models", path)
     try:
         exp = from_mapping(NeedleExperiment, data, f"needle config {path}")
     except ValueError as err:
@@ -252,12 +249,14 @@ def check_models(exp: NeedleExperiment) -> dict[str, Any]:
     return setups
 
 
-def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], None] = print) -> dict[str, Any]:
+def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], None] = print,
+             setups: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One model scored (fine-tuned first if asked); `setups`: check_models(exp), if already made."""
     from experiments.base import ensure_base
     from experiments.setup import build_model
 
     spec = exp.models[name]
-    setup = check_models(exp)[spec["variant"]]
+    setup = (setups or check_models(exp))[spec["variant"]]
     _, _, _, weights = ensure_base(setup, progress_bar=False, say=say)
     cfg = setup.config
     rule = dataclasses.replace(cfg.pretrain.fwpkm, **(spec.get("rule") or {}))
@@ -294,7 +293,7 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
     family = longctx.load(exp.family)
     runs_root = exp.runs_root or longctx.folder_of(family).parent
     folder = Path(runs_root) / f"niah-{key}"
-    check_models(exp)
+    setups = check_models(exp)  # every name checked, the stream loaded once
     folder.mkdir(parents=True, exist_ok=True)
     results = []
     for name, spec in exp.models.items():
@@ -302,7 +301,7 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
             path = folder / f"{name}-seed{seed}.json"
             result = json.loads(path.read_text()) if path.is_file() else None
             if result is None or result.get("spec") != spec:
-                result = evaluate(exp, name, seed, say)
+                result = evaluate(exp, name, seed, say, setups)
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
                 tmp.replace(path)

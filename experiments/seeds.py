@@ -41,6 +41,18 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     return seeds
 
 
+def keep_named(data: dict, field: str, names: Sequence[str] | None, flag: str, path) -> None:
+    """Keep only `names` (in that order) of the mapping `data[field]`, for a `--<flag> a,b` subset
+    of a config file's entries; a name the file lacks is an error naming the flag and the file."""
+    if names is None:
+        return
+    known = data.get(field) or {}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"{path}: {flag} {unknown} not among the file's {field} {list(known)}")
+    data[field] = {n: known[n] for n in names}
+
+
 def run_seeds(
     config: str | Path,
     overrides: Sequence[str],
