@@ -17,7 +17,18 @@ Sections (every field has a default; a YAML file and the command line change onl
                      the cached base built from exactly this architecture, pretraining and data)
     cl:              the continual-learning phase (CLConfig); its write rule `cl.fwpkm` defaults to
                      `pretrain.fwpkm`, and `cl.fwpkm_by_layer.<layer>` (e.g. `fwpkm3`) to `cl.fwpkm`
-    strategy:        {name: naive, kwargs: {}} (a name registered in `strategies.STRATEGIES`)
+    strategy:        {name: naive, kwargs: {}} (a name registered in `strategies.STRATEGIES`), or a
+                     non-empty list of such mappings, composed in the given order (one
+                     `CompositeStrategy`; the run's strategy name is the names joined by '+'):
+                         strategy:
+                           - {name: replay, kwargs: {size: 64, policy: balanced, ratio: 0.25}}
+                           - {name: slot_freezing, kwargs: {fraction: 0.05}}
+                     A list of one is that one strategy (the mapping form, identity included).
+                     The same name may appear twice (two instances; a loss term both return is
+                     refused when the run computes it). Dotted overrides (`strategy.name=replay`)
+                     reach the mapping form only; a list is overridden whole, in YAML flow syntax:
+                     `strategy=[{name: replay}, {name: naive}]`. Errors name the element, 0-based:
+                     `strategy[1].name`.
     seed:            seed of the continual-learning phase (finetune randomness, strategies)
     name:            run name prefix (null = the config file's stem)
     runs_root:       where run folders go (relative to the working directory)
@@ -38,6 +49,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +178,9 @@ class CLConfig:
 
 @dataclass
 class StrategyConfig:
+    """One strategy: a name in `strategies.STRATEGIES` and its constructor arguments.
+    `RunConfig.strategy` is one of these or a list of them (composed in order)."""
+
     name: str = "naive"
     # Constructor arguments of the named strategy: checked against its signature when the run is
     # set up (experiments/setup.py), since only the strategies package knows them.
@@ -184,7 +199,9 @@ class RunConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     base_checkpoint: str | None = None
     cl: CLConfig = field(default_factory=CLConfig)
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    # One strategy, or several composed in order (a list; see the module docstring). The mapping
+    # form serialises exactly as before lists existed, so existing run identities are unchanged.
+    strategy: StrategyConfig | list[StrategyConfig] = field(default_factory=StrategyConfig)
     seed: int = 0
     name: str | None = None
     runs_root: str = "runs"
@@ -207,6 +224,23 @@ class RunConfig:
         check(self.name is None or (isinstance(self.name, str) and bool(self.name) and "/" not in self.name),
               self, "name", "must be a non-empty string without '/', or null")
         check(isinstance(self.runs_root, str) and bool(self.runs_root), self, "runs_root", "must be a path")
+        check(isinstance(self.strategy, StrategyConfig)
+              or (isinstance(self.strategy, list) and bool(self.strategy)
+                  and all(isinstance(s, StrategyConfig) for s in self.strategy)),
+              self, "strategy", "must be a StrategyConfig or a non-empty list of them")
+        if isinstance(self.strategy, list) and len(self.strategy) == 1:
+            # A list of one is that strategy: one form, so one identity and one kind of checkpoint.
+            self.strategy = self.strategy[0]
+
+    @property
+    def strategies(self) -> list[StrategyConfig]:
+        """The configured strategies in order (one for the mapping form)."""
+        return list(self.strategy) if isinstance(self.strategy, list) else [self.strategy]
+
+    @property
+    def strategy_name(self) -> str:
+        """The run's strategy name in results and printouts: the members' names joined by '+'."""
+        return "+".join(s.name for s in self.strategies)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -240,7 +274,15 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
 def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
     from omegaconf import OmegaConf
 
+    if OmegaConf.is_list(cli.get("strategy")) and "strategy" in raw:
+        raw = {k: v for k, v in raw.items() if k != "strategy"}  # a list on the command line replaces the file's
+    elif isinstance(raw.get("strategy"), list) and cli.get("strategy") is not None:
+        if not OmegaConf.is_list(cli.strategy):
+            raise ConfigError("run config field 'strategy': the file gives a list of strategies; "
+                              "override it whole, e.g. 'strategy=[{name: replay}, {name: naive}]'", field="strategy")
     user = OmegaConf.merge(OmegaConf.create(raw), cli)  # untyped layering: file, then command line
+    # A list of strategies is checked element by element; the typed tree keeps the mapping form.
+    members = _strategy_members(user)
     model = user.get("model")
     preset = model.get("preset", "small") if model is not None and OmegaConf.is_dict(model) else "small"
     if preset not in PRESETS:
@@ -255,6 +297,8 @@ def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
     schema.cl.fwpkm_by_layer = {name: merged.cl.fwpkm for name in merged.cl.fwpkm_by_layer}
     merged = _typed_merge(schema, user)
     cfg = _build(RunConfig, merged, "")
+    if members is not None:
+        cfg = dataclasses.replace(cfg, strategy=members)
     # Paths in the YAML file are relative to its folder; paths on the command line to the working directory.
     for key in ("stream", "base_checkpoint"):
         value = getattr(cfg, key)
@@ -264,25 +308,53 @@ def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
     return cfg
 
 
-def _typed_merge(schema: Any, user: Any) -> Any:
+def _strategy_members(user: Any) -> list[StrategyConfig] | None:
+    """The list form of `strategy`, each element checked and built (errors at `strategy[i]...`),
+    and removed from `user`; None for the mapping form (typed with the rest of the tree)."""
+    from omegaconf import OmegaConf
+
+    node = user.get("strategy")
+    if not OmegaConf.is_list(node):
+        return None
+    del user["strategy"]
+    if len(node) == 0:
+        why = "must be a mapping {name, kwargs} or a non-empty list of them"
+        raise ConfigError(f"run config field 'strategy': [] {why}", field="strategy", value=[], why=why)
+    members = []
+    for i, item in enumerate(node):
+        where = f"strategy[{i}]"
+        if not OmegaConf.is_dict(item):
+            value = OmegaConf.to_container(item) if OmegaConf.is_config(item) else item
+            raise ConfigError(f"run config field '{where}': {value!r} must be a mapping {{name, kwargs}}", field=where)
+        merged = _typed_merge(OmegaConf.structured(StrategyConfig), item, prefix=where)
+        members.append(_build(StrategyConfig, merged, where))
+    return members
+
+
+def _typed_merge(schema: Any, user: Any, prefix: str = "") -> Any:
+    """`user` merged into the typed `schema`; errors name the dotted path, under `prefix`."""
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    def at(key: str) -> str:
+        return ".".join(p for p in (prefix, key) if p)
 
     try:
         return OmegaConf.merge(schema, user)
     except ConfigKeyError as err:
-        where = err.full_key or str(err.key)
-        parent = where.rsplit(".", 1)[0] if "." in where else ""
+        key = err.full_key or str(err.key)
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
         valid = _keys_at(schema, parent)
         near = difflib.get_close_matches(str(err.key), valid, n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-        raise ConfigError(f"run config: unknown field '{where}'{hint} Valid fields of "
-                          f"'{parent or '<root>'}': {valid}", field=where) from None
+        raise ConfigError(f"run config: unknown field '{at(key)}'{hint} Valid fields of "
+                          f"'{at(parent) or '<root>'}': {valid}", field=at(key)) from None
     except ValidationError as err:
-        where = err.full_key or "<root>"
+        where = at(err.full_key) or "<root>"
         raise ConfigError(f"run config field '{where}': {_first_line(err)}", field=where) from None
     except OmegaConfBaseException as err:
-        raise ConfigError(f"run config: {_first_line(err)}", field=getattr(err, "full_key", None)) from None
+        full_key = getattr(err, "full_key", None)
+        raise ConfigError(f"run config: {_first_line(err)}", field=at(full_key) if full_key else (prefix or None)) from None
 
 
 def _keys_at(schema: Any, dotted: str) -> list[str]:
@@ -302,6 +374,9 @@ def _build(cls: type, node: Any, where: str) -> Any:
         value, kind = node[f.name], hints[f.name]
         sub = f"{where}.{f.name}" if where else f.name
         item = typing.get_args(kind)[1] if typing.get_origin(kind) is dict else None
+        if typing.get_origin(kind) in (typing.Union, types.UnionType) and OmegaConf.is_dict(value):
+            # A mapping for a union with a dataclass arm (`strategy`: one StrategyConfig or a list).
+            kind = next((arm for arm in typing.get_args(kind) if dataclasses.is_dataclass(arm)), kind)
         if dataclasses.is_dataclass(kind):
             kwargs[f.name] = _build(kind, value, sub)
         elif item is not None and dataclasses.is_dataclass(item):

@@ -319,6 +319,7 @@ def fwpkm_chunked(
     on_chunk: Callable[[ChunkRecord], None] | None = None,
     name: str = "fwpkm",
     ranks: RankSum | None = None,
+    extra: Tensor | None = None,
 ) -> ChunkedOutput:
     """Core FwPKM math over one call: chunked reads, each followed by that chunk's write.
 
@@ -329,6 +330,8 @@ def fwpkm_chunked(
     g requiring grad) the reads of chunk c+1 are differentiable functions of q, v, g of chunks
     ≤ c (training through the writes) and the writes land together when the call ends.
     `ranks`: sum the writes (and read counts) over data-parallel ranks (see `RankSum`).
+    `extra` (B, T, Dv): a read-out of another memory that adds to this one's (`FwPKM.extra_read`);
+    the writes then correct the sum, so this memory learns what the other does not hold.
     Returns the read-outs, the addressing and the write statistics.
     """
     B, T, _ = q.shape
@@ -352,6 +355,8 @@ def fwpkm_chunked(
         uidx, inv, counts = torch.unique(flat_idx, return_inverse=True, return_counts=True)  # (U,), (P,), (U,)
         vhat = store.read(look.idx.view(-1, k), uidx, inv.view(-1, k), look.weights.reshape(-1, k))  # (B·L·H, Dv)
         vhat = vhat.view(B, L, H, -1).mean(2)  # heads share the table; their read-outs average
+        if extra is not None:
+            vhat = vhat + extra[:, c0:c1]
         vhats.append(vhat)
         looks.append(look)
         # Slots of the write: this call's own picks, or their union over ranks; `pick_row` maps
@@ -428,11 +433,15 @@ class FwPKM(nn.Module):
     Fast state (buffers, never in the optimiser): `keys`, `values`, `read_counts`, `write_mask`,
     together a `FastWeightState` (`snapshot()` / `restore()` / `reset()`). Public slot knobs for
     strategies: `write_mask` (N,) bool, `read_counts` (N,) int64 since `reset_read_counts()`,
-    `usage_stats()`, `reset_slots(ids)`, and `writes_enabled`. `config` (the architecture) is
+    `usage_stats()`, `reset_slots(ids)`, `clear_slots(ids)`, `extra_read` and `writes_enabled`.
+    `config` (the architecture) is
     fixed; `rule` (a `WriteRule`) may be replaced between calls and says how later calls write.
     `calls` and `writes` count forward calls (reads of a context) and chunk writes since
     construction or `reset_counters()`: plain ints, not state (protocols such as n-iter reading
     assert them).
+    `extra_read`: None, or a callable (queries (B, T, H·Dk) → read-out (B, T, Dv)) of a read-only
+    memory read beside the fast one (strategies/slot_transfer.py); its read-out adds to the fast
+    read-out and the fast writes correct the sum. Not part of the state_dict: its owner saves it.
     """
 
     def __init__(self, d_model: int, config: FwPKMConfig, rule: WriteRule | None = None, name: str = "fwpkm"):
@@ -444,6 +453,7 @@ class FwPKM(nn.Module):
         self.name = name
         self.writes_enabled = True
         self.calls, self.writes = 0, 0
+        self.extra_read = None
         Dq = cfg.d_key * cfg.heads
         self.norm_q, self.norm_v, self.norm_g = RMSNorm(d_model), RMSNorm(d_model), RMSNorm(d_model)
         self.proj_q = nn.Linear(d_model, Dq)
@@ -494,6 +504,11 @@ class FwPKM(nn.Module):
         with torch.no_grad():
             self.values[slot_ids] = fresh
 
+    def clear_slots(self, slot_ids: Tensor) -> None:
+        """Set the given value rows to zero (free them: a zero row adds nothing to a read-out)."""
+        with torch.no_grad():
+            self.values[slot_ids] = 0.0
+
     def reset_read_counts(self) -> None:
         self.read_counts.zero_()
 
@@ -539,9 +554,10 @@ class FwPKM(nn.Module):
         # Lookup, read-out and writes stay float32 under autocast: bfloat16 scores would change
         # the top-k picks, and an 8-bit mantissa cannot hold a small write on top of a value.
         with torch.autocast(device_type=x.device.type, enabled=False):
+            extra = self.extra_read(q) if self.extra_read is not None else None
             out = fwpkm_chunked(
                 q, v, g, self._state(), cfg, rule,
-                write=self.writes_enabled, name=self.name, ranks=data_parallel_reducer(),
+                write=self.writes_enabled, name=self.name, ranks=data_parallel_reducer(), extra=extra,
             )
         self.calls += 1
         self.writes += out.addr_loss.numel()  # one addressing loss per chunk written

@@ -70,6 +70,11 @@ class Strategy:
     `state_dict` / `load_state_dict` so that a resumed run continues exactly.
     """
 
+    def check(self, model_config: Any, mode: Mode, stream: Any = None) -> None:
+        """Refuse, with a ValueError saying why, a model (its `ModelConfig`), a mode or a stream
+        (a sequence of experiences; None when not at hand) this strategy cannot work with. The
+        runner's setup calls it before any pretraining, so bad input fails at config time."""
+
     def on_experience_start(self, ctx: StrategyContext) -> None:
         """Before the first training batch of experience `ctx.experience`."""
 
@@ -120,6 +125,10 @@ class CompositeStrategy(Strategy):
 
     def __init__(self, strategies: list[Strategy]):
         self.strategies = list(strategies)
+
+    def check(self, model_config: Any, mode: Mode, stream: Any = None) -> None:
+        for strategy in self.strategies:
+            strategy.check(model_config, mode, stream)
 
     def on_experience_start(self, ctx: StrategyContext) -> None:
         for strategy in self.strategies:

@@ -65,7 +65,7 @@ class HparamsSummary(RunCallback):
         params = {
             "mode": cfg.cl.mode,
             "eval_memory": cfg.cl.eval_memory,
-            "strategy": cfg.strategy.name,
+            "strategy": cfg.strategy_name,
             "seed": cfg.seed,
             "batch_size": cfg.cl.batch_size,
             "lr": cfg.cl.lr if cfg.cl.mode == "finetune" else 0.0,
@@ -76,8 +76,12 @@ class HparamsSummary(RunCallback):
             "fwpkm.chunk": cfg.cl.fwpkm.chunk,
             "experiences": " -> ".join(runner.results.matrix.experiences),
             "config_hash": runner.results.config_hash[:12],
-            **{f"strategy.{k}": v for k, v in cfg.strategy.kwargs.items() if isinstance(v, (int, float, str, bool))},
         }
+        # One strategy's arguments as `strategy.<arg>`; a composed list's as `strategy[i].<arg>`.
+        members = [("strategy", cfg.strategy)] if not isinstance(cfg.strategy, list) else \
+            [(f"strategy[{i}]", s) for i, s in enumerate(cfg.strategy)]
+        params.update({f"{where}.{k}": v for where, s in members for k, v in s.kwargs.items()
+                       if isinstance(v, (int, float, str, bool))})
         metrics = {
             f"final/{key}": value
             for key, value in summary(runner.results).items()

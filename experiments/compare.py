@@ -98,7 +98,7 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
             seconds = sum(e.get("train", 0.0) + e.get("eval", 0.0) for e in timings.get("experiences", []))
             cfg = load_config(comp.run, [*overrides, f"seed={seed}"])
             members.setdefault(entry, []).append({
-                "seed": seed, "folder": str(folder), "mode": cfg.cl.mode, "strategy": cfg.strategy.name,
+                "seed": seed, "folder": str(folder), "mode": cfg.cl.mode, "strategy": cfg.strategy_name,
                 "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder)})
     table = summarise(comp, members)
     digest = hashlib.sha256("\0".join(m["folder"] for ms in members.values() for m in ms).encode()).hexdigest()[:12]

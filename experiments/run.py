@@ -105,14 +105,14 @@ def execute(
         config=cfg,
         run_dir=folder,
         config_hash=run_hash,
-        strategy_name=cfg.strategy.name,
+        strategy_name=cfg.strategy_name,
         callbacks=default_callbacks() + list(callbacks or []),
         progress_bar=progress_bar,
     )
     if resume_from is not None:
         say(f"resuming {folder} from {resume_from}")
     say(f"run {folder}: {cfg.cl.mode} mode, {len(setup.scenario)} experiences "
-        f"({' -> '.join(exp.domain for exp in setup.scenario)}), strategy {cfg.strategy.name}, "
+        f"({' -> '.join(exp.domain for exp in setup.scenario)}), strategy {cfg.strategy_name}, "
         f"eval memory policy {cfg.cl.eval_memory}, evaluated on the {cfg.cl.eval_split} split")
     # A resume is recorded once its checkpoint has loaded: a refused one leaves the folder as it was.
     resumed = None if state == "new" or is_child_rank() else (lambda: record_resume(folder, {**session(), "base": base}))

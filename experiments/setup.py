@@ -84,16 +84,37 @@ def build_model(model_config: ModelConfig, seed: int, rule: WriteRule | None = N
 
 
 def make_strategy(setup: Setup):
-    """The configured strategy object; an unknown name or bad arguments name the field."""
-    from strategies import get_strategy
+    """The configured strategy object; an unknown name or bad arguments name the field.
 
-    spec = setup.config.strategy
+    A list of strategies (`strategy: [{name, kwargs}, ...]`) gives one `CompositeStrategy` of
+    its members in order; errors name the element (`strategy[1].name`)."""
+    from cl_platform.strategy import CompositeStrategy
+
+    cfg = setup.config
+    if not isinstance(cfg.strategy, list):
+        return _make_one(cfg.strategy, "strategy", setup)
+    return CompositeStrategy([_make_one(spec, f"strategy[{i}]", setup) for i, spec in enumerate(cfg.strategy)])
+
+
+def _make_one(spec, where: str, setup: Setup):
+    from strategies import STRATEGIES, get_strategy
+
+    config_path = setup.config_path
+    if spec.name not in STRATEGIES:
+        allowed = ", ".join(sorted(STRATEGIES))
+        raise ConfigError(f"{config_path}: run config field '{where}.name': unknown strategy {spec.name!r}; "
+                          f"allowed: {allowed}")
     try:
-        return get_strategy(spec.name, **spec.kwargs)
+        strategy = get_strategy(spec.name, **spec.kwargs)
+    except (TypeError, ValueError) as err:  # constructor arguments that do not fit, or values it refuses
+        raise ConfigError(f"{config_path}: run config field '{where}.kwargs' {spec.kwargs!r}: {err}") from None
+    # The model, mode and stream it would run with: refused here, before any pretraining.
+    try:
+        strategy.check(setup.model_config, setup.config.cl.mode, setup.scenario)
     except ValueError as err:
-        raise ConfigError(f"{setup.config_path}: run config field 'strategy.name': {err}") from None
-    except TypeError as err:  # constructor arguments that do not fit
-        raise ConfigError(f"{setup.config_path}: run config field 'strategy.kwargs' {spec.kwargs!r}: {err}") from None
+        raise ConfigError(f"{config_path}: run config field '{where}' (with cl.mode {setup.config.cl.mode!r}): "
+                          f"{err}") from None
+    return strategy
 
 
 # --- the base model's identity ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from strategies.lwf import LwF
 from strategies.naive import NaiveStrategy
 from strategies.replay import Replay
 from strategies.slot_freezing import SlotFreezing
+from strategies.slot_transfer import SlotTransfer
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "naive": NaiveStrategy,
@@ -21,6 +22,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "lwf": LwF,
     "replay": Replay,
     "slot_freezing": SlotFreezing,
+    "slot_transfer": SlotTransfer,
 }
 
 

@@ -65,12 +65,20 @@ class Distill(Strategy):
         self.before = None  # the memory as the current experience found it
         self.losses: list[list[float]] = []  # per consolidation: the KL at every step
 
-    def on_experience_start(self, ctx: StrategyContext) -> None:
-        if ctx.mode != "fast":
+    def check(self, model_config, mode, stream=None) -> None:
+        if mode != "fast":
             raise ValueError("distill consolidates fast memory into frozen slow weights: 'fast' mode only "
                              "(in 'finetune' the slow weights learn anyway)")
-        if not ctx.model.fwpkm_layers():
+        if not model_config.fwpkm_layers:
             raise ValueError("distill: the model has no FwPKM layer, so there is nothing to consolidate")
+        if self.params == "pkm" and not model_config.pkm_layers:
+            raise ValueError("distill: params='pkm' needs a static PKM layer (model.pkm_layers is empty); "
+                             "use params: mlp or all")
+        if self.params == "mlp" and len(model_config.pkm_layers) >= model_config.n_layer:
+            raise ValueError("distill: params='mlp' needs an MLP, but every layer's MLP is a PKM; use params: pkm")
+
+    def on_experience_start(self, ctx: StrategyContext) -> None:
+        self.check(ctx.model.config, ctx.mode)
         self.before = ctx.model.snapshot_memory()
 
     def consolidate(self, model, segments, experience: int = 0) -> list[float]:

@@ -43,9 +43,12 @@ class EWC(Strategy):
         self.fisher: dict[str, Tensor] = {}
         self.anchor: dict[str, Tensor] = {}
 
-    def on_experience_start(self, ctx: StrategyContext) -> None:
-        if ctx.mode != "finetune":
+    def check(self, model_config, mode, stream=None) -> None:
+        if mode != "finetune":
             raise ValueError("ewc regularises slow weights; in 'fast' mode they are frozen (use cl.mode: finetune)")
+
+    def on_experience_start(self, ctx: StrategyContext) -> None:
+        self.check(ctx.model.config, ctx.mode)
 
     def fisher_of(self, model, batches) -> dict[str, Tensor]:
         """Mean squared gradient of the batch-mean LM loss over `batches` (dicts of input_ids, targets)."""

@@ -43,9 +43,12 @@ class LwF(Strategy):
         self.teacher = None
         self._pending: dict[str, Any] | None = None  # a resumed teacher's weights, until a model is at hand
 
-    def on_experience_start(self, ctx: StrategyContext) -> None:
-        if ctx.mode != "finetune":
+    def check(self, model_config, mode, stream=None) -> None:
+        if mode != "finetune":
             raise ValueError("lwf distils into slow weights; in 'fast' mode they are frozen (use cl.mode: finetune)")
+
+    def on_experience_start(self, ctx: StrategyContext) -> None:
+        self.check(ctx.model.config, ctx.mode)
         if ctx.experience >= 2:
             self.teacher = self._freeze(copy.deepcopy(ctx.model))
 

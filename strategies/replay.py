@@ -69,6 +69,19 @@ class Replay(Strategy):
         self.size, self.tokens, self.policy, self.ratio, self.seed = size, tokens, policy, float(ratio), int(seed)
         self.storage = None  # built on first use, when the segment length is known
 
+    def check(self, model_config, mode, stream=None) -> None:
+        if stream is None:
+            return
+        # The buffer holds past experiences only: all but the last can ever enter it.
+        past = list(stream)[:-1]
+        segments = sum(len(exp.data.segments) for exp in past)
+        seq_len = past[0].data.segments.seq_len if past else 1
+        size = self.size if self.size is not None else max(1, self.tokens // seq_len)
+        if size > segments:
+            what = f"size {self.size}" if self.size is not None else f"tokens {self.tokens} ({size} segments)"
+            raise ValueError(f"replay: buffer {what} is larger than the data it can hold: the experiences before "
+                             f"the last have {segments} adapt segments in all")
+
     # --- the buffer ---------------------------------------------------------------------------
     def _storage(self, seq_len: int):
         if self.storage is None:
@@ -116,6 +129,12 @@ class Replay(Strategy):
         rows = [stream[int(t) - 1].data.segments[int(i)] for t, i in picks]
         return {key: torch.cat([value, torch.stack([r[key] for r in rows]).to(value.device)])
                 for key, value in batch.items()}
+
+    def summary(self) -> dict[str, Any]:
+        """Buffered segments per experience (1-based), as `strategy.json` shows them."""
+        ids = self.buffered()
+        exps, counts = torch.unique(ids[:, 0], return_counts=True) if len(ids) else ([], [])
+        return {"buffered_segments": {str(int(e)): int(c) for e, c in zip(exps, counts)}}
 
     # --- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

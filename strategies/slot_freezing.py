@@ -32,6 +32,19 @@ from cl_platform.strategy import Strategy, StrategyContext
 SCORES = ("tfidf", "usage")
 
 
+def slot_scores(counts: torch.Tensor, background: list[torch.Tensor], score: str) -> torch.Tensor:
+    """Score of every slot from an experience's read counts (N,) and the background's (the
+    earlier experiences' counts); `score` is one of SCORES (module docstring). Slot transfer
+    ranks by the same scores."""
+    c = counts.double()
+    if score == "usage":
+        return c
+    tf = c / c.sum().clamp(min=1)
+    df = sum(((b > 0).double() for b in background), torch.zeros_like(c))
+    idf = torch.log((len(background) + 1) / (df + 1)) + 1
+    return tf * idf
+
+
 class SlotFreezing(Strategy):
     def __init__(self, fraction: float = 0.02, budget: float = 0.25, score: str = "tfidf"):
         if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
@@ -47,18 +60,15 @@ class SlotFreezing(Strategy):
     # --- scoring ------------------------------------------------------------------------------
     def scores(self, counts: torch.Tensor, background: list[torch.Tensor]) -> torch.Tensor:
         """Score of every slot from this experience's read counts and the background's."""
-        c = counts.double()
-        if self.score == "usage":
-            return c
-        tf = c / c.sum().clamp(min=1)
-        df = sum(((b > 0).double() for b in background), torch.zeros_like(c))
-        idf = torch.log((len(background) + 1) / (df + 1)) + 1
-        return tf * idf
+        return slot_scores(counts, background, self.score)
+
+    def check(self, model_config, mode, stream=None) -> None:
+        if not model_config.fwpkm_layers:
+            raise ValueError("slot_freezing: the model has no FwPKM layer, so there are no slots to freeze")
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
+        self.check(ctx.model.config, ctx.mode)
         layers = ctx.model.fwpkm_layers()
-        if not layers:
-            raise ValueError("slot_freezing: the model has no FwPKM layer, so there are no slots to freeze")
         record = {"domain": ctx.domain, "experience": ctx.experience, "counts": {}}
         for layer in layers:
             n = layer.config.num_slots

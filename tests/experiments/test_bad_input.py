@@ -56,6 +56,14 @@ def nan_strategy(monkeypatch):
         ({"strategy": {"name": "ewcc"}}, ConfigError, ["'strategy.name'", "'ewcc'", "naive"]),
         ({"strategy": {"name": "naive", "kwargs": {"alpha": 1}}}, ConfigError, ["'strategy.kwargs'", "alpha"]),
         ({"cl": {"mode": "slow"}}, ConfigError, ["cl.mode", "'slow'"]),
+        # A strategy in a mode it does not support, a model without what it needs, a buffer
+        # larger than the data: refused before the base is pretrained (nothing is written).
+        ({"strategy": {"name": "ewc"}}, ConfigError, ["'strategy'", "cl.mode 'fast'", "finetune"]),
+        ({"strategy": {"name": "distill"}, "cl": {"mode": "finetune"}}, ConfigError, ["'strategy'", "'fast' mode only"]),
+        ({"strategy": {"name": "distill", "kwargs": {"params": "pkm"}}}, ConfigError, ["'strategy'", "pkm_layers"]),
+        ({"strategy": [{"name": "replay", "kwargs": {"size": 100000}}]}, ConfigError, ["'strategy'", "larger than the data"]),
+        ({"strategy": [{"name": "naive"}, {"name": "lwf"}]}, ConfigError, ["'strategy[1]'", "finetune"]),
+        ({"model": {"fwpkm_layers": []}, "strategy": {"name": "slot_transfer"}}, ConfigError, ["no FwPKM layer"]),
         ({"cl": {"eval_memory": "keep"}}, ConfigError, ["cl.eval_memory", "'keep'"]),
     ],
 )

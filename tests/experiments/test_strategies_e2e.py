@@ -33,6 +33,7 @@ sys.exit(main(sys.argv[1:]))
 CASES = {
     "replay": ("fast", {"size": 6, "policy": "reservoir", "ratio": 0.5}),
     "slot_freezing": ("fast", {"fraction": 0.1, "budget": 0.3}),
+    "slot_transfer": ("fast", {"fraction": 0.1, "budget": 0.3}),
     "distill": ("fast", {"steps": 3, "batch_size": 2, "lr": 1e-3}),
     "ewc": ("finetune", {"lam": 1000.0, "fisher_batches": 2, "batch_size": 2}),
     "lwf": ("finetune", {"alpha": 1.0}),
@@ -64,6 +65,9 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
         assert summary["owned_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
     tiny.run_cli(["run", str(naive)])
     ref = RunResults.from_json(next(tiny.runs.glob(f"naive-{mode}-*")) / "results.json")
-    acts_from = 1 if name == "distill" else 2  # distill acts when experience 1 ends, the others in experience 2
+    # distill and slot_transfer act when experience 1 ends, the others in experience 2
+    acts_from = 1 if name in ("distill", "slot_transfer") else 2
+    if name == "slot_transfer":  # the transfer itself keeps the model's outputs, up to float rounding
+        assert np.allclose(ref.matrix.values[1], a.matrix.values[1], atol=1e-5, rtol=0)
     assert np.array_equal(ref.matrix.values[:acts_from], a.matrix.values[:acts_from])
     assert not np.array_equal(ref.matrix.values[acts_from], a.matrix.values[acts_from])
