@@ -81,6 +81,12 @@ class RunCallback(L.Callback):
     def on_results_row(self, runner: "ContinualRunner", row: int) -> None:
         """Row `row` of `runner.results.matrix` has just been measured (0 = before any experience)."""
 
+    def on_curve_point(self, runner: "ContinualRunner", step: int) -> None:
+        """Forgetting-curve point `step` has just been added to `runner.results.curves` (every
+        domain) and written to results.json. Called inside the training loop when the point is
+        due after a batch, so an exception raised here stops the run there (Optuna pruning:
+        experiments/sweep_pruning.py); the run's checkpoint stays resumable."""
+
     def on_run_end(self, runner: "ContinualRunner") -> None:
         """Every row is measured and results.json is final."""
 
@@ -292,6 +298,8 @@ class ContinualRunner:
             metrics[f"eval/{domain}/ppl"] = perplexity(value)
         log_scalars(self.logger, metrics, step)
         self._write_results()
+        for cb in self._run_callbacks():
+            cb.on_curve_point(self, step)
 
     # --- files ------------------------------------------------------------------------------------
     def _write_results(self) -> None:

@@ -6,6 +6,7 @@
     clp eval CONFIG [--seeds 0,1,2] [--variants a,b]   long-context loss by position of the baseline family, writes on / off
     clp niah CONFIG [--seeds 0,1,2] [--models a,b]   needle in a haystack with n-iter reading on the family's bases
     clp compare CONFIG [--seeds 0,1,2] [--entries a,b]   strategies side by side, mean ± std over seeds
+    clp sweep SWEEP [--trials N] [--workers N] [--storage URL]   Optuna study over run settings (dev split)
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
     clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
@@ -80,6 +81,17 @@ def _compare(args: argparse.Namespace) -> int:
                     args.entries.split(",") if args.entries else None)
     except _run_errors() as err:
         print(f"clp compare: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from experiments.sweep import SweepError, main
+
+    try:
+        return main(args.config, trials=args.trials, workers=args.workers, storage=args.storage,
+                    worker_index=args.worker_index)
+    except (*_run_errors(), SweepError) as err:
+        print(f"clp sweep: error: {err}", file=sys.stderr)
         return 2
 
 
@@ -183,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--seeds", default=None, help="comma-separated seeds, replacing the file's")
     cmp_.add_argument("--entries", default=None, help="comma-separated subset of the file's entries")
     cmp_.set_defaults(func=_compare)
+
+    sw = sub.add_parser("sweep", help="Optuna study over run-config settings, measured on the dev split (issue 11)")
+    sw.add_argument("config", help="sweep YAML, e.g. experiments/sweeps/fast_lr_chunk.yaml")
+    sw.add_argument("--trials", type=int, default=None, help="COMPLETE + PRUNED trials to reach, replacing the file's")
+    sw.add_argument("--workers", type=int, default=1, help="processes optimizing the study together (this one + N-1)")
+    sw.add_argument("--storage", default=None, help="SQLAlchemy URL, replacing the file's (default: sqlite in the sweep folder)")
+    # Set on the extra processes --workers starts: they only run trials; the first process reports.
+    sw.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    sw.set_defaults(func=_sweep)
 
     tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
     build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")
