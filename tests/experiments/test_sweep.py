@@ -4,7 +4,9 @@ processes, retries a killed worker's trial in its run folder, and refuses bad in
 trial (or pretraining) starts."""
 import csv
 import json
+import os
 import time
+import uuid
 
 import optuna
 import pytest
@@ -268,3 +270,35 @@ def test_the_shipped_sweep_loads():
     sweep = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "sweeps" / "fast_lr_chunk.yaml")
     assert Path(sweep.run).resolve().name == "default.yaml" and set(sweep.space) == {"cl.fwpkm.lr_values", "cl.fwpkm.chunk"}
     assert sweep.prunes and not sweep.objective.is_multi
+
+
+POSTGRES = os.environ.get("CLP_TEST_POSTGRES_URL")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not POSTGRES, reason="CLP_TEST_POSTGRES_URL is not set (.ci/run starts a loopback server)")
+def test_a_sweep_on_a_postgresql_server_runs_continues_and_two_workers_share_it(tiny, tiny_base, tmp_path):
+    # A real server (Debian's package, started by .ci/run on loopback): the study lives there, not
+    # in the sweep folder; continuing and a second worker process go through the same server.
+    name = f"pg-{uuid.uuid4().hex[:8]}"  # the server outlives test runs: one study name per run
+    path = write(tiny, tmp_path, name, trials=2, storage=POSTGRES)
+    out, study = sw.run(path, say=quiet)
+    assert not (out / "study.db").exists()
+    assert [(t.number, t.state) for t in study.trials] == [(0, TrialState.COMPLETE), (1, TrialState.COMPLETE)]
+    tiny.run_cli(["sweep", str(path), "--trials", "4", "--workers", "2"])
+    stored = optuna.load_study(study_name=name, storage=POSTGRES)
+    assert [t.number for t in stored.trials] == [0, 1, 2, 3]
+    assert all(t.state == TrialState.COMPLETE for t in stored.trials)
+    assert len({t.user_attrs["run_folder"] for t in stored.trials}) == 4
+    for t in stored.trials:
+        results = RunResults.from_json(out / "trials" / str(t.number) / "results.json")
+        assert t.value == objective(results)
+
+
+def test_an_unreachable_postgresql_server_is_refused_before_any_trial(tiny, tmp_path):
+    # Port 1 on loopback: nothing listens there (the driver is installed with the dev extras).
+    path = write(tiny, tmp_path, "nowhere", runs=tmp_path / "runs",
+                 storage="postgresql+psycopg2://postgres@127.0.0.1:1/postgres")
+    with pytest.raises(ConfigError, match="'storage': cannot use database"):
+        sw.run(path, say=quiet)
+    assert not (tmp_path / "runs").exists()
