@@ -7,6 +7,7 @@
     clp niah CONFIG [--seeds 0,1,2] [--models a,b]   needle in a haystack with n-iter reading on the family's bases
     clp compare CONFIG [--seeds 0,1,2] [--entries a,b]   strategies side by side, mean ± std over seeds
     clp sweep SWEEP [--trials N] [--workers N] [--storage URL]   Optuna study over run settings (dev split)
+    clp report PATH... [--out DIR]       HTML + Markdown report of run, comparison or sweep folders
     clp tokenizer build [--out PATH]     retrain the shipped byte-level BPE on the shipped corpora
     clp data stats CONFIG                documents / tokens / segments per domain and split
     clp pretrain CONFIG [key=value ...]  train (or find cached) the base model of a run config
@@ -92,6 +93,17 @@ def _sweep(args: argparse.Namespace) -> int:
                     worker_index=args.worker_index)
     except (*_run_errors(), SweepError) as err:
         print(f"clp sweep: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _report(args: argparse.Namespace) -> int:
+    from analysis.report_inputs import ReportInputError
+    from experiments.report import main
+
+    try:
+        return main(args.paths, args.out)
+    except ReportInputError as err:
+        print(f"clp report: error: {err}", file=sys.stderr)
         return 2
 
 
@@ -204,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     # Set on the extra processes --workers starts: they only run trials; the first process reports.
     sw.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     sw.set_defaults(func=_sweep)
+
+    rep = sub.add_parser("report", help="self-contained HTML (+ Markdown) report of run, comparison or sweep folders")
+    rep.add_argument("paths", nargs="+", metavar="PATH", help="run folders, a comparison folder or a sweep folder")
+    rep.add_argument("--out", default=None, help="output folder (default: <first PATH>/report)")
+    rep.set_defaults(func=_report)
 
     tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
     build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")

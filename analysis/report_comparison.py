@@ -1,0 +1,96 @@
+"""The report's section for a `clp compare` folder (comparison.json):
+
+    table    entries × headline metrics, mean ± std over seeds, as comparison.json holds them
+    curves   forgetting curves per domain, one line per entry: the mean over its seeds, each seed's
+             curve read from the member run's results.json
+    scatter  average forgetting against adaptation gain per entry, error bars = std over seeds
+
+The members' own sections are not repeated (one report per member run: `clp report <member>`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from analysis import report_plots
+from analysis.report_document import Image, Paragraph, Section, Table, num
+from analysis.report_inputs import ComparisonInput, RunInput
+from analysis.report_run import boundaries
+
+# comparison.json's per-entry statistics, in the order `clp compare` prints them.
+COLUMNS = {"adaptation_gain": ("adaptation gain", True), "retention_after_2": ("retention after 2", False),
+           "average_forgetting": ("average forgetting", True), "average_final": ("final average loss", False)}
+
+
+def mean_std(stat: dict[str, Any] | None, digits: int = 4, sign: bool = False) -> str:
+    """`mean ± std` as a cell; std is NaN ('–') with one seed."""
+    if not isinstance(stat, dict) or not isinstance(stat.get("mean"), (int, float)) or math.isnan(stat["mean"]):
+        return "–"  # not measured (e.g. retention 2 experiences later in a 2-experience stream)
+    return f"{num(stat.get('mean'), digits, sign)} ± {num(stat.get('std'), digits)}"
+
+
+def mean_curve(runs: list[RunInput], domain: str) -> list[tuple[int, float]]:
+    """The mean over seeds of one domain's curve, over the points whose step every seed shares (same
+    position in every curve: seeds of one entry run the same steps)."""
+    curves = [run.results.curves.get(domain, []) for run in runs]
+    out = []
+    for i in range(min(len(c) for c in curves) if curves else 0):
+        steps = {c[i][0] for c in curves}
+        if len(steps) != 1:
+            break
+        out.append((curves[0][i][0], float(np.mean([c[i][1] for c in curves]))))
+    return out
+
+
+def comparison_sections(comp: ComparisonInput) -> list[Section]:
+    entries = comp.data["entries"]
+    seeds = comp.data.get("seeds")
+    rows = []
+    for entry, row in entries.items():
+        rows.append([entry, str(row.get("mode")), str(row.get("strategy")), ", ".join(map(str, row.get("seeds", []))),
+                     *[mean_std(row.get(key), sign=signed) for key, (_, signed) in COLUMNS.items()],
+                     mean_std(row.get("final_perplexity"), 2),
+                     f"{num(row.get('relative_compute'), 2)}x", str(row.get("state_bytes"))])
+    columns = ["entry", "mode", "strategy", "seeds", *[label for label, _ in COLUMNS.values()], "final perplexity",
+               "relative compute", "state bytes"]
+    blocks: list = [
+        Paragraph(f"Folder: {comp.path}. Seeds {seeds}; every cell is mean ± std over seeds (sample std; '–' with "
+                  "one seed), loss in nats; compute = train + eval time relative to the first entry of the same mode."),
+        Table("comparison-table", columns, rows, "strategies × metrics (comparison.json)"),
+    ]
+    if comp.missing:
+        blocks.append(Paragraph(f"Member run folders not found (their curves are left out): {', '.join(comp.missing)}",
+                                note=True))
+    blocks += curve_blocks(comp)
+    points = [(entry, _get(row, "adaptation_gain", "mean"), _get(row, "adaptation_gain", "std"),
+               _get(row, "average_forgetting", "mean"), _get(row, "average_forgetting", "std"))
+              for entry, row in entries.items()]
+    blocks += [Paragraph("Forgetting against adaptation: right = more gain on the trained domain, down = less "
+                         "forgetting; error bars: std over seeds."),
+               Image("comparison-scatter.png",
+                     report_plots.scatter_png(points, "adaptation gain (nats)", "average forgetting (nats)"),
+                     "average forgetting against adaptation gain per entry")]
+    return [Section("comparison", "Comparison", blocks)]
+
+
+def curve_blocks(comp: ComparisonInput) -> list:
+    if not comp.members:
+        return []
+    runs = [run for members in comp.members.values() for run in members]
+    domains = [d for d in runs[0].results.matrix.domains if all(d in r.results.matrix.domains for r in runs)]
+    curves = {d: {entry: mean_curve(members, d) for entry, members in comp.members.items()} for d in domains}
+    if not any(points for by_entry in curves.values() for points in by_entry.values()):
+        return []
+    # Experience ends are drawn only when every member ended its experiences at the same steps.
+    same_steps = all(r.results.row_steps == runs[0].results.row_steps for r in runs)
+    figure = report_plots.curves_png(curves, boundaries(runs[0]) if same_steps else [], runs[0].results.matrix.metric)
+    return [Paragraph("Forgetting curves per domain, one line per entry: the mean over its seeds."),
+            Image("comparison-curves.png", figure, "forgetting curves per entry, mean over seeds")]
+
+
+def _get(row: dict[str, Any], key: str, stat: str) -> float:
+    value = (row.get(key) or {}).get(stat)
+    return float(value) if isinstance(value, (int, float)) else math.nan
