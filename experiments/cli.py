@@ -79,7 +79,8 @@ def _compare(args: argparse.Namespace) -> int:
 
     try:
         return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
-                    args.entries.split(",") if args.entries else None)
+                    args.entries.split(",") if args.entries else None,
+                    parse_seeds(args.base_seeds, "--base-seeds") if args.base_seeds is not None else None)
     except _run_errors() as err:
         print(f"clp compare: error: {err}", file=sys.stderr)
         return 2
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("config", help="comparison YAML, e.g. experiments/compare_strategies.yaml")
     cmp_.add_argument("--seeds", default=None, help="comma-separated seeds, replacing the file's")
     cmp_.add_argument("--entries", default=None, help="comma-separated subset of the file's entries")
+    cmp_.add_argument("--base-seeds", default=None, help="comma-separated base seeds (pretrain.seed), replacing the file's")
     cmp_.set_defaults(func=_compare)
 
     sw = sub.add_parser("sweep", help="Optuna study over run-config settings, measured on the dev split (issue 11)")

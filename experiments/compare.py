@@ -37,6 +37,10 @@ class Comparison:
     run: str = "default.yaml"  # the run config every entry starts from, relative to this file
     entries: dict[str, list[str]] = field(default_factory=dict)  # name -> dotted overrides
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    # Base models (`pretrain.seed`), each pretrained once and cached; null = the run config's own
+    # base. With a fixed base most strategies are deterministic (naive, slot freezing, distill:
+    # the run seed changes nothing), so the spread worth quoting comes from the base.
+    base_seeds: list[int] | None = None
     name: str = "strategies"
 
     def __post_init__(self) -> None:
@@ -47,13 +51,24 @@ class Comparison:
                   "entries", f"entry {entry!r} must be a list of 'key=value' overrides, got {overrides!r}")
         check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
               self, "seeds", "must be a non-empty list of distinct ints")
+        check(self.base_seeds is None or (isinstance(self.base_seeds, list) and bool(self.base_seeds)
+                                          and all(is_int(s) for s in self.base_seeds)
+                                          and len(set(self.base_seeds)) == len(self.base_seeds)),
+              self, "base_seeds", "must be null or a non-empty list of distinct ints")
+
+    def members(self) -> list[tuple[int | None, int]]:
+        """(base seed or None, run seed) of every member of an entry, in run order."""
+        return [(b, s) for b in (self.base_seeds or [None]) for s in self.seeds]
 
 
-def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | None = None) -> Comparison:
+def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | None = None,
+         base_seeds: list[int] | None = None) -> Comparison:
     path = Path(path)
     data = read_yaml(path, "comparison config")
     if seeds is not None:
         data["seeds"] = seeds
+    if base_seeds is not None:
+        data["base_seeds"] = base_seeds
     from experiments.seeds import keep_named
 
     keep_named(data, "entries", entries, "--entries", path)
@@ -89,24 +104,28 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
             raise ConfigError(f"comparison entry {entry!r}: {err}") from None
     members: dict[str, list[dict[str, Any]]] = {}
     for entry, overrides in comp.entries.items():
-        for seed in comp.seeds:
-            say(f"--- {entry}, seed {seed}")
-            folder, results, _ = execute(comp.run, [*overrides, f"seed={seed}"], resume=True,
+        for base, seed in comp.members():
+            extra = [f"seed={seed}"] + ([] if base is None else [f"pretrain.seed={base}"])
+            say(f"--- {entry}, seed {seed}" + ("" if base is None else f", base seed {base}"))
+            folder, results, _ = execute(comp.run, [*overrides, *extra], resume=True,
                                          progress_bar=progress_bar, say=say)
             record = json.loads((folder / "run.json").read_text())
             timings = record.get("timings", {})
             seconds = sum(e.get("train", 0.0) + e.get("eval", 0.0) for e in timings.get("experiences", []))
-            cfg = load_config(comp.run, [*overrides, f"seed={seed}"])
-            members.setdefault(entry, []).append({
-                "seed": seed, "folder": str(folder), "mode": cfg.cl.mode, "strategy": cfg.strategy_name,
-                "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder)})
+            cfg = load_config(comp.run, [*overrides, *extra])
+            member = {"seed": seed, "folder": str(folder), "mode": cfg.cl.mode, "strategy": cfg.strategy_name,
+                      "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder)}
+            if base is not None:
+                member["base_seed"] = base
+            members.setdefault(entry, []).append(member)
     table = summarise(comp, members)
     digest = hashlib.sha256("\0".join(m["folder"] for ms in members.values() for m in ms).encode()).hexdigest()[:12]
     out = Path(load_config(comp.run).runs_root) / f"compare-{comp.name}-{digest}"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "comparison.json", {"entries": table, "members": members, "seeds": comp.seeds})
+    atomic_write_json(out / "comparison.json", {"entries": table, "members": members, "seeds": comp.seeds,
+                                                "base_seeds": comp.base_seeds})
     atomic_write_text(out / "comparison.csv", to_csv(table))
-    text = format_table(table, comp.seeds)
+    text = format_table(table, comp.seeds, comp.base_seeds)
     atomic_write_text(out / "comparison.txt", text + "\n")
     say(text)
     say(f"comparison: {out}/comparison.json (+ .csv, .txt)")
@@ -127,6 +146,8 @@ def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dic
     out: dict[str, dict[str, Any]] = {}
     for entry, ms in members.items():
         row: dict[str, Any] = {"mode": ms[0]["mode"], "strategy": ms[0]["strategy"], "seeds": [m["seed"] for m in ms]}
+        if any("base_seed" in m for m in ms):
+            row["base_seeds"] = [m.get("base_seed") for m in ms]
         for metric in METRICS:
             row[metric] = _stat([m["summary"][metric] for m in ms])
         row["final_perplexity"] = _stat([math.exp(m["summary"]["average_final"]) for m in ms])
@@ -151,10 +172,11 @@ def to_csv(table: dict[str, dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def format_table(table: dict[str, dict[str, Any]], seeds: list[int]) -> str:
+def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds: list[int] | None = None) -> str:
     heads = ["adaptation gain", "retention after 2", "avg forgetting", "final avg loss", "final ppl",
              "compute", "state"]
-    lines = [f"strategies, mean ± std over seeds {seeds} (loss in nats; compute: train + eval time relative to "
+    over = f"seeds {seeds}" if base_seeds is None else f"base seeds {base_seeds} x seeds {seeds}"
+    lines = [f"strategies, mean ± std over {over} (loss in nats; compute: train + eval time relative to "
              f"the first entry of the same mode)",
              f"{'entry':>18s} {'mode':>9s} " + "".join(f"{h:>20s}" for h in heads)]
     for entry, row in table.items():
@@ -166,6 +188,7 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, seeds: list[int] | None = None, entries: list[str] | None = None) -> int:
-    run(load(config, seeds, entries))
+def main(config: str, seeds: list[int] | None = None, entries: list[str] | None = None,
+         base_seeds: list[int] | None = None) -> int:
+    run(load(config, seeds, entries, base_seeds))
     return 0

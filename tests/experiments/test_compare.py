@@ -2,6 +2,7 @@
 to the members' results, a re-run trains nothing, bad entries named before any training."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -51,3 +52,27 @@ def test_comparison_table_equals_the_members_and_reruns_train_nothing(tiny, tmp_
 def test_bad_entries_are_named_before_any_training(tiny, tmp_path, fields, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         run(load(write(tiny, tmp_path, **fields)), say=lambda _: None)
+
+
+def test_base_seeds_give_each_member_its_own_base_and_the_spread_comes_from_them(tiny, tmp_path):
+    # With one base, naive in fast mode is deterministic: the run seed changes nothing.
+    out, table = run(load(write(tiny, tmp_path, entries={"naive": ["strategy.name=naive"]})), say=lambda _: None)
+    assert table["naive"]["adaptation_gain"]["std"] == 0.0
+    # Two bases (pretrain.seed 0 and 1, each pretrained once and cached): two members, a real spread.
+    said = []
+    path = write(tiny, tmp_path, entries={"naive": ["strategy.name=naive"]}, seeds=[0], base_seeds=[0, 1])
+    out, table = run(load(path), say=said.append)
+    saved = json.loads((out / "comparison.json").read_text())
+    members = saved["members"]["naive"]
+    assert [(m["base_seed"], m["seed"]) for m in members] == [(0, 0), (1, 0)] and saved["base_seeds"] == [0, 1]
+    gains = []
+    for m in members:
+        cfg = yaml.safe_load(Path(m["folder"], "config.yaml").read_text())
+        assert cfg["pretrain"]["seed"] == m["base_seed"]
+        gains.append(summary(RunResults.from_json(f"{m['folder']}/results.json"))["adaptation_gain"])
+    assert gains[0] != gains[1] and table["naive"]["adaptation_gain"]["std"] > 0
+    assert table["naive"]["base_seeds"] == [0, 1]
+    assert "base seeds [0, 1] x seeds [0]" in (out / "comparison.txt").read_text()
+    assert any("base seed 1" in line for line in said)
+    with pytest.raises(ConfigError, match="base_seeds"):
+        load(write(tiny, tmp_path, base_seeds=[1, 1]))
