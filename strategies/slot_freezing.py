@@ -45,14 +45,19 @@ def slot_scores(counts: torch.Tensor, background: list[torch.Tensor], score: str
     return tf * idf
 
 
+def check_slot_choice(name: str, fraction, budget, score) -> None:
+    """The arguments every slot-choosing strategy takes (slot freezing, slot transfer)."""
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise ValueError(f"{name}: fraction must be in (0, 1], got {fraction!r}")
+    if not (isinstance(budget, (int, float)) and 0 < budget <= 1):
+        raise ValueError(f"{name}: budget must be in (0, 1], got {budget!r}")
+    if score not in SCORES:
+        raise ValueError(f"{name}: score must be one of {SCORES}, got {score!r}")
+
+
 class SlotFreezing(Strategy):
     def __init__(self, fraction: float = 0.02, budget: float = 0.25, score: str = "tfidf"):
-        if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
-            raise ValueError(f"slot_freezing: fraction must be in (0, 1], got {fraction!r}")
-        if not (isinstance(budget, (int, float)) and 0 < budget <= 1):
-            raise ValueError(f"slot_freezing: budget must be in (0, 1], got {budget!r}")
-        if score not in SCORES:
-            raise ValueError(f"slot_freezing: score must be one of {SCORES}, got {score!r}")
+        check_slot_choice("slot_freezing", fraction, budget, score)
         self.fraction, self.budget, self.score = float(fraction), float(budget), score
         self.history: list[dict[str, Any]] = []  # per finished experience: domain and per-layer read counts
         self.owner: dict[str, torch.Tensor] = {}  # per layer: (N,) int, experience index that froze the slot, -1 none

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from cl_platform.product_keys import product_key_lookup
 from cl_platform.strategy import Batch, Strategy, StrategyContext
-from strategies.slot_freezing import SCORES, slot_scores
+from strategies.slot_freezing import check_slot_choice, slot_scores
 
 
 class SlowMemory:
@@ -70,12 +70,7 @@ class SlowMemory:
 
 class SlotTransfer(Strategy):
     def __init__(self, fraction: float = 0.05, budget: float = 0.5, score: str = "tfidf"):
-        if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
-            raise ValueError(f"slot_transfer: fraction must be in (0, 1], got {fraction!r}")
-        if not (isinstance(budget, (int, float)) and 0 < budget <= 1):
-            raise ValueError(f"slot_transfer: budget must be in (0, 1], got {budget!r}")
-        if score not in SCORES:
-            raise ValueError(f"slot_transfer: score must be one of {SCORES}, got {score!r}")
+        check_slot_choice("slot_transfer", fraction, budget, score)
         self.fraction, self.budget, self.score = float(fraction), float(budget), score
         self.history: list[dict[str, Tensor]] = []  # per finished experience: read counts per layer
         self.banks: dict[str, list[dict[str, Any]]] = {}  # per layer: experience, domain, keys, ids, table
@@ -123,12 +118,11 @@ class SlotTransfer(Strategy):
                 continue
             score = slot_scores(counts, [h[layer.name] for h in self.history], self.score)
             score = torch.where(eligible, score, torch.full_like(score, -math.inf))
-            ids = torch.sort(-score, stable=True).indices[:k].sort().values  # ties: lower id first
-            dev = layer.values.device
-            state = layer.snapshot()
-            banks.append({"experience": ctx.experience, "domain": ctx.domain, "keys": state.keys,
-                          "ids": ids.to(dev), "table": state.values[ids.to(dev)]})
-            layer.clear_slots(ids.to(dev))
+            ids = torch.sort(-score, stable=True).indices[:k].sort().values.to(layer.values.device)  # ties: lower id
+            # Copies of the codebooks and of the chosen rows only (not the whole fast state).
+            banks.append({"experience": ctx.experience, "domain": ctx.domain, "keys": layer.keys.detach().clone(),
+                          "ids": ids, "table": layer.values.detach()[ids]})
+            layer.clear_slots(ids)
         self.history.append(record)
         self._attached = None
         self.attach(ctx.model)
