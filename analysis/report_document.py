@@ -45,7 +45,19 @@ class Code:
     language: str = ""
 
 
-Block = Paragraph | Table | Image | Code
+@dataclass
+class Highlight:
+    """Text as a sequence of pieces, each shaded by its value (the FwPKM gate per token): opacity
+    value / `scale`, the value itself on hover. Markdown cannot shade: there the pieces at or above
+    `mark` are shown in bold."""
+
+    pieces: list[tuple[str, float]]
+    caption: str = ""
+    mark: float = 0.5
+    scale: float = 1.0
+
+
+Block = Paragraph | Table | Image | Code | Highlight
 
 
 @dataclass
@@ -90,6 +102,7 @@ td:first-child, th:first-child { text-align: left; }
 caption { text-align: left; font-style: italic; padding-bottom: 0.2rem; }
 img { max-width: 100%; }
 pre { background: #f5f5f5; padding: 0.6rem; overflow-x: auto; }
+.hl { font-family: monospace; white-space: pre-wrap; line-height: 1.6; border: 1px solid #ddd; padding: 0.5rem; }
 .note { background: #fff4d6; border-left: 4px solid #e0a800; padding: 0.4rem 0.6rem; }
 header p { margin: 0.2rem 0; color: #555; }
 """
@@ -125,6 +138,11 @@ def _block_html(block: Block) -> str:
         return f'<figure><img alt="{_e(block.alt)}" src="data:image/png;base64,{data}"></figure>'
     if isinstance(block, Code):
         return f"<pre><code>{_e(block.text)}</code></pre>"
+    if isinstance(block, Highlight):
+        spans = "".join(f'<span style="background: rgba(230, 80, 0, {min(max(v / block.scale, 0.0), 1.0):.2f})" title="{v:.3f}">'
+                        f"{_e(text)}</span>" for text, v in block.pieces)
+        caption = f"<figcaption>{_e(block.caption)}</figcaption>" if block.caption else ""
+        return f'<figure>{caption}<div class="hl">{spans}</div></figure>'
     raise TypeError(f"unknown report block {type(block).__name__}")
 
 
@@ -157,7 +175,19 @@ def _block_markdown(block: Block) -> str:
     if isinstance(block, Code):
         fence = "````" if "```" in block.text else "```"  # a code block that holds a fence of its own
         return f"{fence}{block.language}\n{block.text.rstrip()}\n{fence}"
+    if isinstance(block, Highlight):
+        text = "".join(f"**{_md_text(t)}**" if v >= block.mark and t.strip() else _md_text(t) for t, v in block.pieces)
+        caption = f"*{block.caption}*\n\n" if block.caption else ""
+        return f"{caption}> {text}"
     raise TypeError(f"unknown report block {type(block).__name__}")
+
+
+def _md_text(text: str) -> str:
+    """A piece of running text in a Markdown quote: newlines shown as ⏎, markup characters escaped."""
+    out = text.replace("\n", "⏎ ")
+    for c in "\\`*_[]<>#|":
+        out = out.replace(c, "\\" + c)
+    return out
 
 
 def _cell(text: str) -> str:

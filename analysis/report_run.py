@@ -7,6 +7,8 @@
     strategy     strategy.json: what the strategy did, as of its last experience
     memory       per FwPKM layer: slot coverage, collision rate, KL to uniform per experience
                  (TensorBoard `fwpkm/<layer>/...`), and the slots each domain owns (strategy.json)
+    slots, gate  what the slots hold and when the gate opens, when the run recorded them
+                 (`cl.inspect`: analysis/report_inspect.py)
     tensorboard  the command that opens the run's TensorBoard
 
 Every number comes from results.json (or, for memory statistics, which only TensorBoard holds, from
@@ -23,6 +25,7 @@ from typing import Any
 from analysis import metrics, report_plots
 from analysis.report_document import Code, Image, Paragraph, Section, Table, num, slug
 from analysis.report_inputs import RunInput
+from analysis.report_inspect import inspect_sections
 from cl_platform.results import perplexity
 
 MEMORY_STATS = {"coverage": "coverage", "collision_rate": "collision rate", "kl_uniform": "KL to uniform"}
@@ -40,6 +43,8 @@ def run_sections(run: RunInput) -> list[Section]:
         section = part(run, prefix)
         if section is not None:
             sections.append(section)
+        if part is memory_section:
+            sections += inspect_sections(run, prefix)
     return sections
 
 

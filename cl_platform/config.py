@@ -143,9 +143,12 @@ class CLConfig:
     checkpoint_every: int = 10  # steps between resumable checkpoints (and one after every row)
     log_every: int = 1  # steps between training-loss / memory-statistics logs
     devices: int = 1  # > 1: Lightning DDP over CPU processes (gloo); finetune mode only
+    # Record what the slots hold and the gate per token into run_dir/inspect/ (bounded in size:
+    # cl_platform/memory_recorder.py) for `clp report`; reads what the layers compute, changes nothing.
+    inspect: bool = False
 
     # Fields that change when and how progress is reported and saved, never the results.
-    REPORTING: typing.ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every")
+    REPORTING: typing.ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every", "inspect")
 
     def __post_init__(self) -> None:
         check(self.mode in typing.get_args(Mode), self, "mode", f"is not one of {list(typing.get_args(Mode))}")
@@ -158,6 +161,7 @@ class CLConfig:
         check(is_number(self.lr, 0.0, strict=True), self, "lr", "must be a finite number > 0")
         for name in ("weight_decay", "grad_clip"):
             check(is_number(getattr(self, name), 0.0), self, name, "must be a finite number >= 0")
+        check(isinstance(self.inspect, bool), self, "inspect", "must be true or false")
         check(isinstance(self.fwpkm, WriteRule), self, "fwpkm", "must be a WriteRule")
         check(isinstance(self.fwpkm_by_layer, dict) and all(isinstance(r, WriteRule) for r in self.fwpkm_by_layer.values()),
               self, "fwpkm_by_layer", "must map layer names (fwpkm<index>) to write rules")

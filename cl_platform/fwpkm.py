@@ -433,7 +433,8 @@ class FwPKM(nn.Module):
     Fast state (buffers, never in the optimiser): `keys`, `values`, `read_counts`, `write_mask`,
     together a `FastWeightState` (`snapshot()` / `restore()` / `reset()`). Public slot knobs for
     strategies: `write_mask` (N,) bool, `read_counts` (N,) int64 since `reset_read_counts()`,
-    `usage_stats()`, `reset_slots(ids)`, `clear_slots(ids)`, `extra_read` and `writes_enabled`.
+    `usage_stats()`, `reset_slots(ids)`, `clear_slots(ids)`, `extra_read`, `observer` and
+    `writes_enabled`.
     `config` (the architecture) is
     fixed; `rule` (a `WriteRule`) may be replaced between calls and says how later calls write.
     `calls` and `writes` count forward calls (reads of a context) and chunk writes since
@@ -442,6 +443,10 @@ class FwPKM(nn.Module):
     `extra_read`: None, or a callable (queries (B, T, H·Dk) → read-out (B, T, Dv)) of a read-only
     memory read beside the fast one (strategies/slot_transfer.py); its read-out adds to the fast
     read-out and the fast writes correct the sum. Not part of the state_dict: its owner saves it.
+    `observer`: None, or a callable (layer, gates (B, T), slot ids (B, T, H, k), read weights
+    (B, T, H, k)) told after every call which slots each token addressed (with the keys of its own
+    chunk) and how far its gate opened; detached tensors, to read, never to change
+    (cl_platform/memory_recorder.py).
     """
 
     def __init__(self, d_model: int, config: FwPKMConfig, rule: WriteRule | None = None, name: str = "fwpkm"):
@@ -454,6 +459,7 @@ class FwPKM(nn.Module):
         self.writes_enabled = True
         self.calls, self.writes = 0, 0
         self.extra_read = None
+        self.observer = None
         Dq = cfg.d_key * cfg.heads
         self.norm_q, self.norm_v, self.norm_g = RMSNorm(d_model), RMSNorm(d_model), RMSNorm(d_model)
         self.proj_q = nn.Linear(d_model, Dq)
@@ -566,6 +572,8 @@ class FwPKM(nn.Module):
         if self.writes_enabled:
             self._stats["key_update_norm"] = out.key_update_norm
             self._stats["addr_loss"] = out.addr_loss.mean()
+        if self.observer is not None:
+            self.observer(self, g.detach(), out.lookup.idx.detach(), out.lookup.weights.detach())
         vhat = out.vhat
         o = g.unsqueeze(-1) * vhat + (1 - g).unsqueeze(-1) * v if cfg.gate else vhat
         return self.proj_o(self.norm_o(o.to(x.dtype)))

@@ -81,6 +81,11 @@ def execute(
         state, resume_from = inspect_run_dir(folder, run_hash, fields, resume)
     if state == "complete":
         say(f"run {folder} is already complete (same configuration hash {run_hash[:12]})")
+        if cfg.cl.inspect and not (folder / "inspect").is_dir():
+            # Recording is not part of a run's identity (it changes no result), so an earlier run
+            # without it is this run; its records can only come from streaming it again.
+            say(f"  it ran without cl.inspect, so it has no slot or gate records; to record them run it again "
+                f"into another folder: clp run {setup.config_path} --run-dir <new folder>")
         return folder, RunResults.from_json(folder / "results.json"), None
     from cl_platform.lm_module import precision_note
 
@@ -98,6 +103,9 @@ def execute(
                        record={**session(), "base": base, "timings": {"base_pretraining": seconds}})
     model = build_model(setup.model_config, cfg.seed, cfg.pretrain.fwpkm)
     model.load_state_dict(weights)
+    callbacks = default_callbacks() + list(callbacks or [])
+    if cfg.cl.inspect:
+        callbacks.append(memory_recorder(setup))
     runner = ContinualRunner(
         model=model,
         stream=setup.scenario,
@@ -106,7 +114,7 @@ def execute(
         run_dir=folder,
         config_hash=run_hash,
         strategy_name=cfg.strategy_name,
-        callbacks=default_callbacks() + list(callbacks or []),
+        callbacks=callbacks,
         progress_bar=progress_bar,
     )
     if resume_from is not None:
@@ -118,6 +126,21 @@ def execute(
     resumed = None if state == "new" or is_child_rank() else (lambda: record_resume(folder, {**session(), "base": base}))
     results = runner.run(resume_from=resume_from, on_restored=resumed)
     return folder, results, runner
+
+
+def memory_recorder(setup: Setup):
+    """`cl.inspect`'s recorder, with the tokenizer's text of each id and the base model's
+    pretraining token counts (what is frequent or rare for the slow weights)."""
+    import torch
+
+    from cl_platform.memory_recorder import MemoryRecorder
+
+    scenario = setup.scenario
+    tok = scenario.tokenizer
+    parts = [d.splits["pretrain"].segments.tokens.flatten() for d in scenario.domains.values()
+             if d.splits["pretrain"].n_docs]
+    counts = torch.bincount(torch.cat(parts), minlength=tok.vocab_size) if parts else None
+    return MemoryRecorder(lambda i: tok.decode([i]), pretrain_counts=counts)
 
 
 def _silent(_: str) -> None:

@@ -122,6 +122,9 @@ def write_plots(sweep: Any, study: Any, folder: Path, say: Callable[[str], None]
             if len(complete) >= 2 and varies:
                 plots[f"importances_{metric}"] = lambda i=i, m=metric: ovm.plot_param_importances(
                     study, evaluator=importance(), target=lambda t: t.values[i], target_name=m)
+            if complete:  # how the metric moves with each parameter, one panel per parameter
+                plots[f"slice_{metric}"] = lambda i=i, m=metric: ovm.plot_slice(
+                    study, target=lambda t: t.values[i], target_name=m)
         if len(sweep.objective.metrics) <= 3:
             plots["pareto_front"] = lambda: ovm.plot_pareto_front(study, target_names=sweep.objective.metrics)
     else:
@@ -130,6 +133,8 @@ def write_plots(sweep: Any, study: Any, folder: Path, say: Callable[[str], None]
             plots["intermediate_values"] = lambda: ovm.plot_intermediate_values(study)
         if len(complete) >= 2 and varies:
             plots["importances"] = lambda: ovm.plot_param_importances(study, evaluator=importance())
+        if complete:
+            plots["slice"] = lambda: ovm.plot_slice(study)
     import warnings
 
     for name, draw in plots.items():
