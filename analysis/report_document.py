@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from dataclasses import dataclass, field
 
 
@@ -98,7 +99,7 @@ body { font-family: sans-serif; max-width: 70rem; margin: 2rem auto; padding: 0 
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
 th, td { border: 1px solid #ccc; padding: 0.2rem 0.6rem; }
 td { text-align: right; font-variant-numeric: tabular-nums; }
-td:first-child, th:first-child { text-align: left; }
+td:first-child, th:first-child, td.text { text-align: left; }
 caption { text-align: left; font-style: italic; padding-bottom: 0.2rem; }
 img { max-width: 100%; }
 pre { background: #f5f5f5; padding: 0.6rem; overflow-x: auto; }
@@ -130,7 +131,7 @@ def _block_html(block: Block) -> str:
         return f'<p class="note">{_e(block.text)}</p>' if block.note else f"<p>{_e(block.text)}</p>"
     if isinstance(block, Table):
         head = "".join(f'<th scope="col">{_e(c)}</th>' for c in block.columns)
-        body = "\n".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in block.rows)
+        body = "\n".join("<tr>" + "".join(_td(c) for c in row) + "</tr>" for row in block.rows)
         caption = f"<caption>{_e(block.caption)}</caption>" if block.caption else ""
         return f'<table id="{_e(block.id)}">{caption}<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>'
     if isinstance(block, Image):
@@ -144,6 +145,14 @@ def _block_html(block: Block) -> str:
         caption = f"<figcaption>{_e(block.caption)}</figcaption>" if block.caption else ""
         return f'<figure>{caption}<div class="hl">{spans}</div></figure>'
     raise TypeError(f"unknown report block {type(block).__name__}")
+
+
+NUMERIC = re.compile(r"^[\s0-9.,:%+\-−–eE\[\]()±×]*$")
+
+
+def _td(cell: str) -> str:
+    # Numbers right-aligned (the style sheet's default for cells), text such as examples left.
+    return f"<td>{_e(cell)}</td>" if NUMERIC.match(cell) else f'<td class="text">{_e(cell)}</td>'
 
 
 def to_markdown(doc: Document) -> tuple[str, dict[str, bytes]]:

@@ -72,6 +72,17 @@ def describe_strategy(strategy: Any) -> str:
     return f"{strategy.get('name')}({args})"
 
 
+def shown_path(path: Any) -> str:
+    """A path as the report shows it: relative to the working directory when under it (a report is
+    shared: the machine's absolute paths are noise to its reader)."""
+    from pathlib import Path
+
+    try:
+        return str(Path(str(path)).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _fields(mapping: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in mapping.items()) if isinstance(mapping, dict) else str(mapping)
 
@@ -82,7 +93,7 @@ def config_section(run: RunInput, prefix: str) -> Section:
     model = cfg.get("model", {}) if isinstance(cfg.get("model"), dict) else {}
     rows = [["config hash", res.config_hash[:12]]]
     if cfg:
-        rows += [["stream", str(cfg.get("stream"))],
+        rows += [["stream", shown_path(cfg.get("stream"))],
                  ["order", " → ".join(map(str, cfg.get("order") or res.matrix.experiences))]]
     else:
         rows.append(["order", " → ".join(res.matrix.experiences)])

@@ -158,6 +158,12 @@ def create_study(sweep: Sweep, storage: Any, worker: int) -> Any:
                                 sampler=make_sampler(sweep, worker, existing), pruner=sweep.pruner.make())
     if "sweep" not in study.user_attrs:
         study.set_user_attr("sweep", sweep.space_record())
+    if study.metric_names is None:  # named axes in Optuna Dashboard and in Optuna's own plots
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(sweep.objective.metric_names)
     return study
 
 

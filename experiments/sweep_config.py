@@ -148,6 +148,13 @@ class Objective:
     def study_directions(self) -> list[str]:
         return list(self.directions) if self.is_multi else [self.direction]
 
+    @property
+    def metric_names(self) -> list[str]:
+        """One name per study value: the metrics, or the weighted sum written out."""
+        if self.is_multi:
+            return list(self.metrics)
+        return [" + ".join(f"{w:g}·{m}" for m, w in self.terms.items())]
+
     def value(self, metrics: dict[str, float]) -> float | tuple[float, ...]:
         if self.is_multi:
             return tuple(metrics[m] for m in self.metrics)

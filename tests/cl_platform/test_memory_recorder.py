@@ -219,7 +219,7 @@ def test_the_report_shows_slots_and_gates_from_the_records(runs, tmp_path):
     # The gate table's means are gate_by_class's; the slot table shows the recorded top slot.
     stats = gate_by_class(load_inspect(runs.inspect.folder))["fwpkm1"]
     for name, value in stats.items():
-        assert f"<td>{name}</td>" in page and f"<td>{num(value['mean'])}</td>" in page
+        assert f'<td class="text">{name}</td>' in page and f"<td>{num(value['mean'])}</td>" in page
     slots = json.loads((runs.inspect.folder / "inspect" / "slots.json").read_text())
     top = slots["experiences"][0]["layers"]["fwpkm1"][0]
     assert f"<td>{top['slot']}</td><td>{top['writes']}</td><td>{top['reads']}</td>" in page

@@ -67,6 +67,7 @@ def test_a_sweep_reuses_one_base_reports_continues_and_its_best_config_reproduce
     assert sum("base model: pretraining" in line for line in said) == 1
     assert sum("base model: cached" in line for line in said) == 2
     assert len({t.params["cl.fwpkm.lr_values"] for t in trials}) == 3
+    assert study.metric_names == ["1·average_final + 1·average_forgetting"]  # named in Optuna Dashboard
 
     for t in trials:
         folder = out / "trials" / str(t.number)
@@ -134,6 +135,7 @@ def test_a_multi_objective_sweep_writes_its_pareto_front(tiny, tiny_base, tmp_pa
     path = write(tiny, tmp_path, "multi", trials=2,
                  objective={"metrics": ["average_forgetting", "adaptation_gain"], "directions": ["minimize", "maximize"]})
     out, study = sw.run(path, say=quiet)
+    assert study.metric_names == ["average_forgetting", "adaptation_gain"]
     front = json.loads((out / "pareto.json").read_text())["front"]
     assert sorted(e["trial"] for e in front) == sorted(t.number for t in study.best_trials)
     for entry in front:
