@@ -240,3 +240,30 @@ def test_the_report_shows_slots_and_gates_from_the_records(runs, tmp_path):
     assert not (runs.plain.folder / "inspect").exists()
     plain_page = write_report([runs.plain.folder], tmp_path / "plain")[0].read_text()
     assert f'id="{prefix.replace("inspect", "plain")}-slots"' not in plain_page and 'class="hl"' not in plain_page
+
+
+def test_a_resumed_experience_is_marked_partial_and_earlier_ones_are_kept(runs, tmp_path):
+    from cl_platform.engine import RunCallback
+    from experiments.run import execute
+
+    class StopAt(RunCallback):
+        def on_curve_point(self, runner, step):
+            if step == 10:  # inside experience 2 (6 steps each); the last checkpoint is step 9
+                raise RuntimeError("stopped for the test")
+
+    folder = tmp_path / "stopped"
+    with pytest.raises(RuntimeError, match="stopped for the test"):
+        execute(runs.inspect.config, run_dir=folder, progress_bar=False, say=quiet, callbacks=[StopAt()])
+    first = json.loads((folder / "inspect" / "slots.json").read_text())
+    assert [e["experience"] for e in first["experiences"]] == [1]
+    _, results, _ = execute(runs.inspect.config, run_dir=folder, resume=True, progress_bar=False, say=quiet)
+    assert results.matrix.values.tolist() == runs.inspect.results.matrix.values.tolist()
+    data = json.loads((folder / "inspect" / "slots.json").read_text())
+    full = json.loads((runs.inspect.folder / "inspect" / "slots.json").read_text())
+    assert [e["partial"] for e in data["experiences"]] == [False, True]
+    assert data["experiences"][0] == full["experiences"][0]  # written before the stop, kept as it was
+    with np.load(folder / "inspect" / "counts.npz") as part, np.load(runs.inspect.folder / "inspect" / "counts.npz") as whole:
+        np.testing.assert_array_equal(part["writes_fwpkm1_1"], whole["writes_fwpkm1_1"])
+        # Experience 2 from step 9 on: 3 of its 6 batches.
+        assert part["writes_fwpkm1_2"].sum() * 2 == whole["writes_fwpkm1_2"].sum()
+        np.testing.assert_array_equal(part["reads_fwpkm1_2"], whole["reads_fwpkm1_2"])  # its row ran whole
