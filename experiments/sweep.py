@@ -8,8 +8,8 @@ strategy arguments), resumable, prunable and parallel, on a real database.
 
 The file's fields and the checks made before any trial starts: experiments/sweep_config.py.
 
-A trial is an ordinary run (`experiments/run.py:execute`) of the run config with the sampled
-values as dotted overrides, plus `cl.eval_split=dev`: objectives are always measured on the dev
+A trial is an ordinary run (`experiments/run.py:execute`) of the run config with the sweep's
+fixed `overrides`, then the sampled values as dotted overrides, plus `cl.eval_split=dev`: objectives are always measured on the dev
 split, so that choosing settings never reads the eval split the tables quote (a space entry on
 `cl.eval_split` is refused). The run goes to `<sweep dir>/trials/<trial number>/`, reuses the run
 config's one cached base model (space entries that would change the base, `model.*` and
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cl_platform.check import ConfigError
-from experiments.sweep_config import METRICS, Sweep, check_runs, check_storage, check_study, load, overrides, \
-    storage_url, sweep_dir
+from experiments.sweep_config import METRICS, Sweep, check_runs, check_storage, check_study, load, storage_url, \
+    sweep_dir
 
 MAX_FAILURES = 3
 
@@ -128,12 +128,12 @@ class TrialObjective:
         params = {path: spec.suggest(trial, path) for path, spec in self.sweep.space.items()}
         folder = self.out / "trials" / str(folder_number(trial.study.get_trials(deepcopy=False)[trial.number]))
         trial.set_user_attr("run_folder", str(folder))
-        trial.set_user_attr("overrides", overrides(params))
+        trial.set_user_attr("overrides", self.sweep.trial_overrides(params))
         callbacks = [CurvePruning(trial, self.sweep.objective.direction)] if self.sweep.prunes else []
         again = "" if folder.name == str(trial.number) else f" (retry, continuing trial {folder.name}'s run)"
-        self.say(f"--- trial {trial.number}{again}: {' '.join(overrides(params))}")
+        self.say(f"--- trial {trial.number}{again}: {' '.join(self.sweep.trial_overrides(params))}")
         try:
-            _, results, _ = execute(self.sweep.run, overrides(params), resume=True, run_dir=folder, progress_bar=False,
+            _, results, _ = execute(self.sweep.run, self.sweep.trial_overrides(params), resume=True, run_dir=folder, progress_bar=False,
                                     say=lambda line: self.say(f"[trial {trial.number}] {line}"), callbacks=callbacks)
         except optuna.TrialPruned as err:
             self.say(f"--- trial {trial.number}: {err}; its run folder stays resumable")

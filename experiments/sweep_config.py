@@ -20,6 +20,7 @@ The file (fields of `Sweep`):
     objective: {terms: {average_final: 1.0, average_forgetting: 1.0}, direction: minimize}
     # or several: {metrics: [average_forgetting, adaptation_gain], directions: [minimize, maximize]}
     pruner: {name: median, n_startup_trials: 3, n_warmup_steps: 8}    # one objective only
+    overrides: [cl.mode=finetune, strategy.name=ewc]   # fixed, before every trial's sampled values
 
 Objectives are always measured on the dev split: every trial's overrides end with
 `cl.eval_split=dev`, and a space entry on `cl.eval_split` is refused, so choosing settings never
@@ -203,6 +204,9 @@ class Sweep:
     seed: int = 0
     storage: str | None = None  # SQLAlchemy URL; null = sqlite study.db in the sweep folder
     pruner: Pruner | None = None  # null: median for one objective, none for several
+    # Dotted overrides every trial gets before its sampled values (`cl.mode=finetune`,
+    # `strategy.name=ewc`): a sweep of one comparison entry's settings without a new run file.
+    overrides: list[str] = dataclasses.field(default_factory=list)
     heartbeat_interval: int = 60  # seconds between a running trial's heartbeats
     grace_period: int = 180  # seconds without one before a trial counts as dead and is retried
     max_retry: int = 2  # retries of one killed trial
@@ -221,6 +225,8 @@ class Sweep:
         for name in ("heartbeat_interval", "grace_period"):
             check(is_int(getattr(self, name), 1), self, name, "must be a positive int (seconds)")
         check(is_int(self.max_retry, 0), self, "max_retry", "must be an int >= 0")
+        check(isinstance(self.overrides, list) and all(isinstance(o, str) and "=" in o for o in self.overrides),
+              self, "overrides", "must be a list of dotted overrides 'path=value'")
         check(self.grace_period > self.heartbeat_interval, self, "grace_period", "must exceed heartbeat_interval")
         if self.pruner is None:
             self.pruner = Pruner(name="none" if self.objective.is_multi else "median")
@@ -233,8 +239,16 @@ class Sweep:
 
     def space_record(self) -> dict[str, Any]:
         """What a stored study must match to be continued (a study user attribute)."""
-        return {"space": {p: dataclasses.asdict(v) for p, v in self.space.items()},
-                "objective": dataclasses.asdict(self.objective)}
+        record = {"space": {p: dataclasses.asdict(v) for p, v in self.space.items()},
+                  "objective": dataclasses.asdict(self.objective)}
+        if self.overrides:  # absent when empty: studies made before the field still match
+            record["overrides"] = list(self.overrides)
+        return record
+
+    def trial_overrides(self, params: dict[str, Any]) -> list[str]:
+        """A trial's dotted overrides: the sweep's fixed ones, its parameters, then the dev split
+        (always last, so it wins)."""
+        return [*self.overrides, *overrides(params)]
 
 
 # --- loading and checking -------------------------------------------------------------------------
@@ -314,13 +328,23 @@ def check_runs(sweep: Sweep, where: str) -> Any:
             why = ("is set by the sweep (always dev)" if path == "cl.eval_split"
                    else "would change the base model or where runs go, not a setting of the continual phase")
             raise ConfigError(f"{where}: field 'space.{path}': {why}", field=f"space.{path}")
+    for i, item in enumerate(sweep.overrides):
+        path = item.split("=", 1)[0].strip()
+        if path.split(".")[0] in FORBIDDEN or any(path == f or path.startswith(f + ".") for f in FORBIDDEN):
+            raise ConfigError(f"{where}: field 'overrides[{i}]': {path} would change the base model, the split or "
+                              "where runs go, not a setting of the continual phase", field=f"overrides[{i}]")
+        try:
+            load_config(sweep.run, sweep.overrides[: i + 1])
+        except ConfigError as err:
+            raise ConfigError(f"{where}: field 'overrides[{i}]' ({item!r}) is refused by run config {sweep.run}: {err}",
+                              field=f"overrides[{i}]") from None
     first = {p: spec.candidates()[0] for p, spec in sweep.space.items()}
     configs = {}
     for path, spec in sweep.space.items():
         for value in spec.candidates():
             field_ = f"space.{path}"
             try:
-                cfg = load_config(sweep.run, overrides({**first, path: value}))
+                cfg = load_config(sweep.run, sweep.trial_overrides({**first, path: value}))
                 loaded = _select(cfg.to_dict(), path)
             except (ConfigError, KeyError, TypeError) as err:
                 raise ConfigError(f"{where}: field '{field_}': value {value!r} is refused by run config "
@@ -329,7 +353,7 @@ def check_runs(sweep: Sweep, where: str) -> Any:
                 raise ConfigError(f"{where}: field '{field_}': value {value!r} loads as {loaded!r}", field=field_)
             configs[(path, json.dumps(value))] = cfg
     try:
-        setup = load_setup(sweep.run, overrides(first))  # the stream, and its dev split
+        setup = load_setup(sweep.run, sweep.trial_overrides(first))  # the stream, and its dev split
     except ConfigError as err:
         raise ConfigError(f"{where}: field 'run' ({sweep.run}) with the first values of the space: {err}",
                           field="run") from None
@@ -383,7 +407,8 @@ def check_storage(url: str, field_: str, where: str) -> None:
 
 
 def check_study(sweep: Sweep, storage: Any, where: str) -> None:
-    """A study of this name in `storage` must have been made by the same space and objective."""
+    """A study of this name in `storage` must have been made by the same space, objective and
+    fixed overrides."""
     import optuna
 
     if sweep.name not in {s.study_name for s in optuna.study.get_all_study_summaries(storage)}:
@@ -395,8 +420,8 @@ def check_study(sweep: Sweep, storage: Any, where: str) -> None:
                           f"choose another name", field="name")
     from cl_platform.config import dict_diff
 
-    for part in ("space", "objective"):
-        if stored[part] != mine[part]:
-            diff = "; ".join(dict_diff(stored[part], mine[part])[:5])
+    for part in ("space", "objective", "overrides"):
+        if stored.get(part) != mine.get(part):
+            diff = "; ".join(dict_diff(stored.get(part), mine.get(part))[:5])
             raise ConfigError(f"{where}: field '{part}': study {sweep.name!r} in the storage was made with a different "
                               f"{part} ({diff}); use another name or storage", field=part)

@@ -165,6 +165,10 @@ BAD = [
     ({"storage": "postgresql+nosuchdriver://u@127.0.0.1:1/db"}, "'storage': cannot use database"),
     ({"trials": 0}, "trials"),
     ({"sampler": "grid"}, "sampler"),
+    ({"overrides": ["pretrain.steps=10"]}, r"overrides\[0\].*base model"),
+    ({"overrides": ["cl.mode=fast", "cl.batch_size=0"]}, r"overrides\[1\].*batch_size"),
+    ({"overrides": ["cl.nonsense=1"]}, r"overrides\[0\].*cl.nonsense"),
+    ({"overrides": "cl.mode=finetune"}, "overrides.*list of dotted overrides"),
 ]
 
 
@@ -186,6 +190,22 @@ def test_a_study_of_the_same_name_with_another_space_is_refused(tiny, tiny_base,
     with pytest.raises(ConfigError, match="field 'space': study 'samename'.*different space"):
         sw.run(other, say=quiet)
     assert study_of(path).trials == []
+
+
+def test_fixed_overrides_come_before_every_trials_values_and_are_part_of_the_study(tiny, tiny_base, tmp_path):
+    # A sweep of one comparison entry's setting: every trial runs slot freezing, only its fraction is sampled.
+    space = {"strategy.kwargs.fraction": {"type": "categorical", "choices": [0.1, 0.3]}}
+    path = write(tiny, tmp_path, "fixed", trials=2, space=space, overrides=["strategy.name=slot_freezing"])
+    out, study = sw.run(path, say=quiet)
+    for t in study.trials:
+        assert t.user_attrs["overrides"] == ["strategy.name=slot_freezing",
+                                             f"strategy.kwargs.fraction={t.params['strategy.kwargs.fraction']}",
+                                             "cl.eval_split=dev"]
+        cfg = yaml.safe_load((out / "trials" / str(t.number) / "config.yaml").read_text())
+        assert cfg["strategy"] == {"name": "slot_freezing", "kwargs": {"fraction": t.params["strategy.kwargs.fraction"]}}
+    other = write(tiny, tmp_path, "fixed", trials=2, space=space, overrides=["strategy.name=slot_transfer"])
+    with pytest.raises(ConfigError, match="field 'overrides': study 'fixed'.*different overrides"):
+        sw.run(other, say=quiet)
 
 
 @pytest.mark.parametrize("value", [0.03, 1e-05, 3, True, "balanced", "1", None, 2.5e+20])
@@ -275,6 +295,9 @@ def test_the_shipped_sweep_loads():
     # Forgetting against gain, a Pareto front (a single loss + forgetting objective rewards learning
     # nothing: experiments/LOG.md); several objectives cannot prune.
     assert sweep.objective.is_multi and not sweep.prunes
+    ewc = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "sweeps" / "ewc_lambda.yaml")
+    setup = sc.check_runs(ewc, "ewc_lambda.yaml")  # the fixed overrides and the space load through the run config
+    assert setup.config.cl.mode == "finetune" and setup.config.strategy.name == "ewc"
 
 
 POSTGRES = os.environ.get("CLP_TEST_POSTGRES_URL")
