@@ -143,6 +143,7 @@ class MemoryRecorder(RunCallback):
         self.gate_ids: dict[str, list[Tensor]] = {}
         self.gate_docs: dict[str, list[Tensor]] = {}
         self._attached = False
+        self._layer_ids: set[int] = set()  # the run model's layers (a strategy's copy of the model is not recorded)
 
     # --- wiring --------------------------------------------------------------------------------
     def _attach(self, pl_module) -> None:
@@ -152,6 +153,7 @@ class MemoryRecorder(RunCallback):
             if layer.observer is not None:
                 raise RuntimeError(f"{layer.name}: another observer is attached; one recorder per model")
             layer.observer = self._observe
+            self._layer_ids.add(id(layer))
         self._attached = True
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -190,8 +192,8 @@ class MemoryRecorder(RunCallback):
     # --- what the layers report ----------------------------------------------------------------
     def _observe(self, layer, g: Tensor, idx: Tensor, weights: Tensor) -> None:
         """A FwPKM call: gates g (B, T), picks idx / weights (B, T, H, k) of every token."""
-        if self.mode is None:
-            return
+        if self.mode is None or id(layer) not in self._layer_ids:
+            return  # between batches (forgetting curves, strategy hooks), or a copy such as LwF's teacher
         B = self.rows_in_batch
         g, idx, weights = g[:B].float(), idx[:B], weights[:B].float()
         T, H, k = idx.shape[1], idx.shape[2], idx.shape[3]

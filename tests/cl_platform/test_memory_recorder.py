@@ -267,3 +267,19 @@ def test_a_resumed_experience_is_marked_partial_and_earlier_ones_are_kept(runs, 
         # Experience 2 from step 9 on: 3 of its 6 batches.
         assert part["writes_fwpkm1_2"].sum() * 2 == whole["writes_fwpkm1_2"].sum()
         np.testing.assert_array_equal(part["reads_fwpkm1_2"], whole["reads_fwpkm1_2"])  # its row ran whole
+
+
+def test_a_strategys_copy_of_the_model_is_not_recorded(runs, tiny, tmp_path):
+    # LwF's teacher is a deep copy of the model (its layers carry the observer along) and reads every
+    # training batch too; only the run's own model is recorded, so the writes are counted once.
+    from experiments.run import execute
+    from experiments.setup import load_setup
+
+    cfg = tiny.config(tmp_path / "lwf.yaml", cl={"mode": "finetune", "inspect": True}, strategy={"name": "lwf"})
+    folder, _, _ = execute(cfg, run_dir=tmp_path / "lwf", progress_bar=False, say=quiet)
+    setup = load_setup(cfg)
+    k, chunk = setup.model_config.fwpkm.topk, setup.config.cl.fwpkm.chunk
+    with np.load(folder / "inspect" / "counts.npz") as counts:
+        for t, exp in enumerate(setup.scenario, start=1):
+            T = exp.data.segments.seq_len
+            assert counts[f"writes_fwpkm1_{t}"].sum() == len(exp.data.segments) * (T - T // chunk) * k
