@@ -49,6 +49,11 @@ FORBIDDEN = ("model", "pretrain", "base_checkpoint", "stream", "runs_root", "nam
 DIRECTIONS = ("minimize", "maximize")
 
 
+def forbidden(path: str) -> bool:
+    """A dotted path a sweep may not set: it would change the base model, the split or where runs go."""
+    return path.split(".")[0] in FORBIDDEN or any(path == f or path.startswith(f + ".") for f in FORBIDDEN)
+
+
 def metric_names() -> tuple[str, ...]:
     """The scalar entries of `analysis.metrics.summary`: what an objective may name."""
     from analysis.metrics import summary
@@ -324,13 +329,13 @@ def check_runs(sweep: Sweep, where: str) -> Any:
     from experiments.setup import load_setup, make_strategy
 
     for path in sweep.space:
-        if path.split(".")[0] in FORBIDDEN or any(path == f or path.startswith(f + ".") for f in FORBIDDEN):
+        if forbidden(path):
             why = ("is set by the sweep (always dev)" if path == "cl.eval_split"
                    else "would change the base model or where runs go, not a setting of the continual phase")
             raise ConfigError(f"{where}: field 'space.{path}': {why}", field=f"space.{path}")
     for i, item in enumerate(sweep.overrides):
         path = item.split("=", 1)[0].strip()
-        if path.split(".")[0] in FORBIDDEN or any(path == f or path.startswith(f + ".") for f in FORBIDDEN):
+        if forbidden(path):
             raise ConfigError(f"{where}: field 'overrides[{i}]': {path} would change the base model, the split or "
                               "where runs go, not a setting of the continual phase", field=f"overrides[{i}]")
         try:
