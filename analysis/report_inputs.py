@@ -176,7 +176,7 @@ def _yaml_or_empty(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ReportInputError(f"{path}: not valid YAML ({err})") from None
+        raise ReportInputError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
     return data if isinstance(data, dict) else {}
 
 

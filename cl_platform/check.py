@@ -74,10 +74,23 @@ def check_keys(cls: type, data: Any, where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(known)}", field=where)
 
 
-def from_mapping(cls: type, data: Any, where: str) -> Any:
-    """Dataclass `cls` from a flat YAML mapping, its keys checked first."""
+def from_mapping(cls: type, data: Any, where: str, whole_file: bool = False) -> Any:
+    """Dataclass `cls` from a flat YAML mapping, its keys checked first. `whole_file`: `data` is
+    a whole file's and `where` names it, so a bad value's error names the file too."""
     check_keys(cls, data, where)
-    return cls(**data)
+    if not whole_file:
+        return cls(**data)
+    try:
+        return cls(**data)
+    except ValueError as err:  # ConfigError, or a nested loader's own ValueError
+        raise ConfigError(f"{where}: {err}", field=getattr(err, "field", None)) from None
+
+
+def yaml_problem(err: Exception) -> str:
+    """A YAML parser error in one line: what is wrong and where ("expected ..., line 3, column 7")."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
@@ -88,7 +101,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

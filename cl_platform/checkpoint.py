@@ -5,7 +5,12 @@ A checkpoint is a `torch.save`d dict with a `format` tag, a `kind` ("base" model
 model, or a file that is not ours, fails with a message instead of a shape error deep in torch.
 
 Writes go to a temporary file in the same folder, are fsync'ed and renamed over the target:
-a process killed during a save (SIGKILL included) leaves the previous checkpoint intact.
+a process killed during a save (SIGKILL included) leaves the previous checkpoint intact. A
+resumable checkpoint also keeps the one before it (`last.ckpt` + `prev.ckpt`): once the new file
+is complete on disk, the old `last.ckpt` is renamed to `prev.ckpt` and the new one to `last.ckpt`,
+so at every moment at least one complete checkpoint is on disk (a kill between the two renames
+leaves only `prev.ckpt`), and a newest file that was damaged after it was written (a full disk
+elsewhere, a bad copy, a truncated transfer) falls back to the previous one (`load_latest`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -26,6 +31,28 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be used: unreadable, of another kind, or for another model."""
 
 
+class CheckpointUnreadable(CheckpointError):
+    """The file cannot be deserialised at all (corrupted, truncated, not a torch file)."""
+
+
+PREVIOUS = "prev.ckpt"
+
+
+def previous_path(path: str | os.PathLike[str]) -> Path:
+    """Where the checkpoint written before `path` is kept: `prev.ckpt` beside it."""
+    return Path(path).with_name(PREVIOUS)
+
+
+def latest_checkpoint(path: str | os.PathLike[str]) -> Path | None:
+    """`path` if it is there, else the previous checkpoint if that is (a kill between the two
+    renames of a rotation), else None."""
+    path = Path(path)
+    for candidate in (path, previous_path(path)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def model_config_dict(config: Any) -> dict[str, Any]:
     """The architecture a checkpoint is for: the model config without `preset`, which only names
     where its defaults came from (a base built from equal fields fits whatever the preset name)."""
@@ -34,11 +61,40 @@ def model_config_dict(config: Any) -> dict[str, Any]:
     return data
 
 
-def save_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any, payload: dict[str, Any]) -> None:
+def save_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any, payload: dict[str, Any],
+                    keep_previous: bool = False) -> None:
+    """Write `path` atomically; `keep_previous`: the file it replaces becomes `prev.ckpt` (a
+    failed write — a full disk — changes neither). Raises `cl_platform.atomic.WriteError`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "kind": kind, "model_config": model_config_dict(model_config), **payload}
-    atomic_write(path, lambda f: torch.save(data, f), binary=True)
+    atomic_write(path, lambda f: torch.save(data, f), binary=True,
+                 keep_previous=previous_path(path) if keep_previous else None)
+
+
+def load_latest(path: str | os.PathLike[str], kind: str, model_config: Any | None = None,
+                say: Callable[[str], None] = print) -> tuple[dict[str, Any], Path]:
+    """Load `path`, or the checkpoint before it when `path` is missing or unreadable (saying so):
+    (data, the file loaded). Any other problem (another kind, another model) is not a reason to
+    fall back: it is raised, as is an unreadable file with no previous one."""
+    path = Path(path)
+    previous = previous_path(path)
+    if previous == path:  # asked for the previous checkpoint itself: nothing older to fall back to
+        return load_checkpoint(path, kind, model_config), path
+    if not path.is_file() and previous.is_file():
+        say(f"checkpoint {path} is missing (the process was stopped while rotating checkpoints); "
+            f"continuing from {previous}")
+        return load_checkpoint(previous, kind, model_config), previous
+    try:
+        return load_checkpoint(path, kind, model_config), path
+    except CheckpointUnreadable as err:
+        if not previous.is_file():
+            raise
+        say(f"{err}; continuing from the previous checkpoint {previous} (the next checkpoint replaces {path.name})")
+        try:
+            return load_checkpoint(previous, kind, model_config), previous
+        except CheckpointUnreadable as err2:
+            raise CheckpointError(f"{err}; and the previous one: {err2}") from None
 
 
 def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any | None = None) -> dict[str, Any]:
@@ -52,7 +108,7 @@ def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any |
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated / foreign files
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        raise CheckpointError(
+        raise CheckpointUnreadable(
             f"checkpoint {path} cannot be read: corrupted, truncated, or holding objects other than "
             f"tensors, numbers, strings and containers ({type(err).__name__}: {first})"
         ) from None

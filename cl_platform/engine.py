@@ -20,7 +20,8 @@ experience i+1 with `.domain`, `.adapt_loader(batch_size, start=...)` (in-order 
 skips `start` segments) and `.eval_loaders(batch_size)` ({domain: DataLoader}, in
 `stream.eval_domains` order). `streams.build_stream` returns such an object.
 
-Resume: a checkpoint (`run_dir/checkpoints/last.ckpt`, written atomically) holds the model with
+Resume: a checkpoint (`run_dir/checkpoints/last.ckpt`, written atomically, the one before it kept
+as `prev.ckpt` for a newest one that cannot be read: cl_platform.checkpoint) holds the model with
 its fast weights, the optimiser state, the strategy state, the data position (experience, segments
 done, whether the experience has started), the run step and the results and curves so far. It is
 written every `cl.checkpoint_every` steps and after every row. A run killed at any moment
@@ -28,6 +29,12 @@ continues from it (`run(resume_from=...)`) and produces the same matrix as an un
 randomness is reseeded from (seed, step) at every batch, so nothing depends on when the process
 started. The checkpoint also holds the wall seconds spent in each phase (row 0, each experience's
 training and its row), so the timings in run.json add up over restarts.
+
+Faults: a file that cannot be written (a full disk: checkpoint, results, records) stops the run
+with `RunStopped`, one line naming the file and the last good checkpoint, which the failed write
+left intact; `--resume` once there is room continues from it exactly. One process at a time runs
+a folder: `run.lock` (cl_platform.file_lock) is taken by the caller (experiments/run.py) before
+it looks at the folder, and a folder holding only that file is a folder with nothing in it yet.
 
 Data parallelism (`cl.devices > 1`, finetune mode): Lightning DDP over CPU processes with gloo,
 each rank training on its shard of the experience. The paper's code lets every rank write its
@@ -56,9 +63,9 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from cl_platform.atomic import atomic_write_json
+from cl_platform.atomic import WriteError, atomic_write_json
 from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
-from cl_platform.checkpoint import load_checkpoint, save_checkpoint
+from cl_platform.checkpoint import latest_checkpoint, load_latest, save_checkpoint
 from cl_platform.config import RunConfig, dict_diff
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
 from cl_platform.memory_policy import get_memory_policy
@@ -69,6 +76,7 @@ from cl_platform.strategy import Strategy, StrategyContext
 from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
+LOCK = "run.lock"
 
 
 class RunDirError(RuntimeError):
@@ -109,8 +117,10 @@ class ContinualRunner:
         strategy_name: str,
         callbacks: list[L.Callback] | None = None,
         progress_bar: bool = True,
+        say: Callable[[str], None] = print,
     ):
         self.config = config
+        self.say = say
         self.stream = stream
         self.strategy = strategy
         self.run_dir = Path(run_dir)
@@ -139,6 +149,10 @@ class ContinualRunner:
             versions=package_versions(),
         )
         self.saved_step: int | None = None
+        self.saved_path = self.ckpt_path
+        # False right after resuming from prev.ckpt: the unreadable last.ckpt must not become the
+        # new prev.ckpt, so the next save replaces it instead of rotating it.
+        self.rotate = True
         # Wall seconds per phase ("row0_eval", "exp<t>_train", "exp<t>_eval"), in the checkpoint
         # so that they add up over restarts; written to run.json after every row.
         self.clock = PhaseClock()
@@ -167,6 +181,16 @@ class ContinualRunner:
             mark_restart(self.logger, self.position.step)
         if on_restored is not None:
             on_restored()
+        try:
+            self._run()
+        except WriteError as err:
+            last = (f"{self.saved_path} (step {self.saved_step}), intact" if self.saved_step is not None
+                    else "none was written")
+            raise RunStopped(f"{err}. The run stopped; last good checkpoint: {last}. Make room, then "
+                             f"continue with --resume") from None
+        return self.results
+
+    def _run(self) -> None:
         matrix = self.results.matrix
         if matrix.last_complete_row < 0:
             self.clock.start("row0_eval")
@@ -196,7 +220,6 @@ class ContinualRunner:
         for cb in self._run_callbacks():
             cb.on_run_end(self)
         self.logger.finalize("success")
-        return self.results
 
     def _set_trainer(self, trainer: L.Trainer) -> None:
         self.trainer = trainer
@@ -346,11 +369,14 @@ class ContinualRunner:
                 "results": self.results.to_dict(),
                 "position": self.position.state_dict(),
                 "seconds": self.clock.state_dict(),
-            })
-        self.saved_step = self.position.step
+            }, keep_previous=self.rotate)
+        self.rotate = True
+        self.saved_step, self.saved_path = self.position.step, self.ckpt_path
 
     def _restore(self, path: str | os.PathLike[str]) -> None:
-        data = load_checkpoint(path, "run", self.module.model.config)
+        data, used = load_latest(path, "run", self.module.model.config, say=self.say if self.is_rank_zero else _quiet)
+        self.rotate = Path(used) == Path(path)
+        self.saved_path = Path(used)
         if data.get("config_hash") != self.results.config_hash:
             raise RunDirError(f"checkpoint {path} belongs to run {data.get('config_hash')!r}, "
                               f"not to this configuration ({self.results.config_hash})")
@@ -377,7 +403,7 @@ def inspect_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity:
     Raises RunDirError for a folder of another configuration or an unfinished run without resume.
     """
     run_dir = Path(run_dir)
-    if not run_dir.exists():
+    if not run_dir.exists() or {p.name for p in run_dir.iterdir()} <= {LOCK}:
         return "new", None
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -404,8 +430,7 @@ def inspect_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity:
     if not resume:
         raise RunDirError(f"{run_dir} holds an unfinished run; continue it with --resume "
                           f"(or delete the folder to start over)")
-    ckpt = run_dir / CHECKPOINT
-    return "resume", ckpt if ckpt.is_file() else None
+    return "resume", latest_checkpoint(run_dir / CHECKPOINT)
 
 
 def create_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: dict[str, Any], resolved_yaml: str,
@@ -434,6 +459,10 @@ def update_run_json(run_dir: str | os.PathLike[str], change: Callable[[dict[str,
     meta = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     change(meta)
     atomic_write_json(path, meta)
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 def _as_json(data: Any) -> Any:

@@ -37,9 +37,9 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from cl_platform.atomic import atomic_write_json
+from cl_platform.atomic import WriteError, atomic_write_json
 from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
-from cl_platform.checkpoint import load_checkpoint, save_checkpoint
+from cl_platform.checkpoint import latest_checkpoint, load_latest, previous_path, save_checkpoint
 from cl_platform.config import PretrainConfig
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, mean_loss
 from cl_platform.model import IGNORE_INDEX, FwPKMLM
@@ -103,6 +103,9 @@ class Pretrainer:
         self.logger = TensorBoardLogger(save_dir=str(self.out_dir), name="", version="tensorboard",
                                         default_hp_metric=False)
         self.trainer: L.Trainer | None = None
+        self.rotate = True
+        self.saved_step: int | None = None
+        self.saved_path = self.out_dir / PROGRESS
         self.record: dict[str, Any] = {
             "key": key,
             "config": dataclasses.asdict(config),
@@ -121,11 +124,20 @@ class Pretrainer:
         return self.out_dir / BASE
 
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        except WriteError as err:
+            last = (f"{self.saved_path} (step {self.saved_step}), intact" if self.saved_step is not None
+                    else "none was written")
+            raise RunStopped(f"pretraining: {err}. Last good checkpoint: {last}. Make room, then run the "
+                             f"same command again to continue") from None
+
+    def _run(self) -> dict[str, Any]:
         quiet_lightning()
         progress = self.out_dir / PROGRESS
         started = time.perf_counter()
         seconds_before = 0.0
-        if progress.is_file():
+        if latest_checkpoint(progress) is not None:
             self._restore(progress)
             seconds_before = self.record["seconds"]
             mark_restart(self.logger, self.position.step)
@@ -165,6 +177,7 @@ class Pretrainer:
         })
         atomic_write_json(self.out_dir / RECORD, self.record)
         progress.unlink(missing_ok=True)
+        previous_path(progress).unlink(missing_ok=True)
         self.logger.finalize("success")
         return self.record
 
@@ -195,10 +208,15 @@ class Pretrainer:
         save_checkpoint(self.out_dir / PROGRESS, "pretrain", self.module.model.config, {
             "key": self.key, "model": self.module.model.state_dict(), "optimizer": optimizer,
             "step": self.position.step, "record": self.record,
-        })
+        }, keep_previous=self.rotate)
+        self.rotate = True
+        self.saved_step, self.saved_path = self.position.step, self.out_dir / PROGRESS
 
     def _restore(self, path: Path) -> None:
-        data = load_checkpoint(path, "pretrain", self.module.model.config)
+        data, used = load_latest(path, "pretrain", self.module.model.config)
+        # Continued from prev.ckpt: the unreadable last.ckpt is replaced, not kept as prev.ckpt.
+        self.rotate = used == path
+        self.saved_step, self.saved_path = data.get("step"), used
         if data.get("key") != self.key:
             raise RunStopped(f"{path} belongs to another pretraining ({data.get('key')}, expected {self.key})")
         self.module.model.load_state_dict(data["model"])

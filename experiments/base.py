@@ -41,7 +41,22 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
                 reuse_stale: bool = False) -> tuple[Path, dict, bool, dict]:
     """The base model of this config: cached, or pretrained now. Returns (checkpoint path, record,
     whether it was cached, model state dict). A cached base or unfinished pretraining built by
-    other code is moved aside and rebuilt, unless `reuse_stale`."""
+    other code is moved aside and rebuilt, unless `reuse_stale`.
+
+    One process at a time looks at and builds a base: two runs that need the same uncached base
+    (two terminals, two sweep workers) do not both pretrain it — the second waits on
+    `.pretrain-<key[:12]>.lock` beside the folder (beside, because a stale folder is renamed;
+    hidden, so that it is not taken for a base folder) and then finds the base cached."""
+    from cl_platform.file_lock import FileLock
+
+    out = base_dir(setup, base_key(setup))
+    with FileLock(out.with_name(f".{out.name}.lock"), f"base {out}", wait=True, on_wait=say, on_takeover=say):
+        return _ensure_base(setup, progress_bar, say, reuse_stale)
+
+
+def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
+                 reuse_stale: bool) -> tuple[Path, dict, bool, dict]:
+    from cl_platform.checkpoint import latest_checkpoint
     from cl_platform.pretrain import BASE, PROGRESS, Pretrainer
     from streams import PretrainDataModule
 
@@ -65,9 +80,9 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
         aside = move_aside(out, data["record"])
         say(f"base model: cached {base} was built by {change}: moved to {aside}, rebuilding "
             f"({REUSE_FLAG} would reuse it)")
-    elif (out / PROGRESS).is_file():
+    elif latest_checkpoint(out / PROGRESS) is not None:
         # An unfinished pretraining continues only with the code it started with.
-        record = load_checkpoint(out / PROGRESS, "pretrain", setup.model_config).get("record", {})
+        record = _progress_record(out / PROGRESS, setup)
         change = code_change(record)
         if change is not None and reuse_stale:
             say(f"base model: the unfinished pretraining in {out} was started by {change}; continuing anyway ({REUSE_FLAG})")
@@ -91,6 +106,15 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
     record = pretrainer.run()
     say(f"base model: {base} ({describe(record)})")
     return base, record, False, model.state_dict()
+
+
+def _progress_record(path: Path, setup: Setup) -> dict:
+    """The record of an unfinished pretraining (the previous checkpoint's if the newest cannot be
+    read: the pretraining will continue from that one too)."""
+    from cl_platform.checkpoint import load_latest
+
+    data, _ = load_latest(path, "pretrain", setup.model_config, say=lambda _: None)
+    return data.get("record", {})
 
 
 def given_base(setup: Setup, say: Callable[[str], None], reuse_stale: bool = False) -> tuple[dict, dict, dict]:

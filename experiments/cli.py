@@ -53,59 +53,38 @@ def _eval(args: argparse.Namespace) -> int:
     from experiments.longctx import main
     from experiments.seeds import parse_seeds
 
-    try:
-        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
-                    args.variants.split(",") if args.variants else None)
-    except _run_errors() as err:
-        print(f"clp eval: error: {err}", file=sys.stderr)
-        return 2
+    return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
+                args.variants.split(",") if args.variants else None)
 
 
 def _niah(args: argparse.Namespace) -> int:
     from experiments.niah import main
     from experiments.seeds import parse_seeds
 
-    try:
-        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
-                    args.models.split(",") if args.models else None)
-    except (*_run_errors(), ValueError) as err:
-        print(f"clp niah: error: {err}", file=sys.stderr)
-        return 2
+    return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
+                args.models.split(",") if args.models else None)
 
 
 def _compare(args: argparse.Namespace) -> int:
     from experiments.compare import main
     from experiments.seeds import parse_seeds
 
-    try:
-        return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
-                    args.entries.split(",") if args.entries else None,
-                    parse_seeds(args.base_seeds, "--base-seeds") if args.base_seeds is not None else None)
-    except _run_errors() as err:
-        print(f"clp compare: error: {err}", file=sys.stderr)
-        return 2
+    return main(args.config, parse_seeds(args.seeds) if args.seeds is not None else None,
+                args.entries.split(",") if args.entries else None,
+                parse_seeds(args.base_seeds, "--base-seeds") if args.base_seeds is not None else None)
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from experiments.sweep import SweepError, main
+    from experiments.sweep import main
 
-    try:
-        return main(args.config, trials=args.trials, workers=args.workers, storage=args.storage,
-                    worker_index=args.worker_index)
-    except (*_run_errors(), SweepError) as err:
-        print(f"clp sweep: error: {err}", file=sys.stderr)
-        return 2
+    return main(args.config, trials=args.trials, workers=args.workers, storage=args.storage,
+                worker_index=args.worker_index)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from analysis.report_inputs import ReportInputError
     from experiments.report import main
 
-    try:
-        return main(args.paths, args.out)
-    except ReportInputError as err:
-        print(f"clp report: error: {err}", file=sys.stderr)
-        return 2
+    return main(args.paths, args.out)
 
 
 def _tokenizer_build(args: argparse.Namespace) -> int:
@@ -120,28 +99,31 @@ def _data_stats(args: argparse.Namespace) -> int:
     return main(config=args.config)
 
 
-def _run_errors():
-    """Errors a user can fix (bad config, bad checkpoint, run folder conflicts): one line, exit 2."""
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user can fix — a bad config (missing file, bad YAML, unknown key, bad value), a bad
+    checkpoint, a run folder in use or of another config, a full disk or any other OS error, a run
+    stopped on a non-finite loss: every command reports them as `clp CMD: error: ...`, exit 2, no
+    traceback. Anything else is a bug and keeps its traceback."""
+    from analysis.report_inputs import ReportInputError
     from cl_platform.check import ConfigError
     from cl_platform.checkpoint import CheckpointError
     from cl_platform.engine import RunDirError
+    from cl_platform.file_lock import FolderBusy
     from cl_platform.trainer import RunStopped
+    from experiments.sweep import SweepError
     from streams.errors import StreamDataError
 
-    return (ConfigError, CheckpointError, RunDirError, RunStopped, StreamDataError, FileNotFoundError)
+    return (ConfigError, CheckpointError, RunDirError, RunStopped, StreamDataError, SweepError, ReportInputError,
+            FolderBusy, OSError)
 
 
 def _run(args: argparse.Namespace) -> int:
     from experiments.run import main
 
-    try:
-        if args.seeds is not None or args.base_seeds is not None:
-            return _run_seeds(args)
-        return main(config=args.config, overrides=args.overrides, resume=args.resume, run_dir=args.run_dir,
-                    reuse_stale_base=args.reuse_stale_base)
-    except _run_errors() as err:
-        print(f"clp run: error: {err}", file=sys.stderr)
-        return 2
+    if args.seeds is not None or args.base_seeds is not None:
+        return _run_seeds(args)
+    return main(config=args.config, overrides=args.overrides, resume=args.resume, run_dir=args.run_dir,
+                reuse_stale_base=args.reuse_stale_base)
 
 
 def _run_seeds(args: argparse.Namespace) -> int:
@@ -160,15 +142,22 @@ def _run_seeds(args: argparse.Namespace) -> int:
 def _pretrain(args: argparse.Namespace) -> int:
     from experiments.pretrain import main
 
-    try:
-        return main(config=args.config, overrides=args.overrides, reuse_stale_base=args.reuse_stale_base)
-    except _run_errors() as err:
-        print(f"clp pretrain: error: {err}", file=sys.stderr)
-        return 2
+    return main(config=args.config, overrides=args.overrides, reuse_stale_base=args.reuse_stale_base)
 
 
 REUSE_HELP = ("use the base (cached, or base_checkpoint) even if it was built by other code than this "
               "checkout's (default: rebuild a cached one, refuse a given one); run.json records it")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (a bad value is refused with argparse's usage line, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,11 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     layer = bench.add_parser("layer", help="FwPKM layer tokens/s and peak memory")
     layer.add_argument("--quick", action="store_true", help="fewer sizes and repeats (smoke run)")
-    layer.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    layer.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     layer.set_defaults(func=_bench_layer)
     step = bench.add_parser("step", help="model step time, float32 vs bf16-mixed")
     step.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
-    step.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    step.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     step.add_argument("--variants", action="store_true", help="the baseline family: attention only, + PKM, + FwPKM, + both")
     step.set_defaults(func=_bench_step)
 
@@ -212,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sw = sub.add_parser("sweep", help="Optuna study over run-config settings, measured on the dev split (issue 11)")
     sw.add_argument("config", help="sweep YAML, e.g. experiments/sweeps/fast_lr_chunk.yaml")
-    sw.add_argument("--trials", type=int, default=None, help="COMPLETE + PRUNED trials to reach, replacing the file's")
-    sw.add_argument("--workers", type=int, default=1, help="processes optimizing the study together (this one + N-1)")
+    sw.add_argument("--trials", type=positive_int, default=None, help="COMPLETE + PRUNED trials to reach, replacing the file's")
+    sw.add_argument("--workers", type=positive_int, default=1, help="processes optimizing the study together (this one + N-1)")
     sw.add_argument("--storage", default=None, help="SQLAlchemy URL, replacing the file's (default: sqlite in the sweep folder)")
     # Set on the extra processes --workers starts: they only run trials; the first process reports.
     sw.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
@@ -227,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("tokenizer", help="tokenizer").add_subparsers(dest="what", required=True)
     build = tok.add_parser("build", help="retrain the shipped BPE tokenizer")
     build.add_argument("--out", default=None, help="output tokenizer.json (default: the shipped file)")
-    build.add_argument("--vocab-size", type=int, default=4096)
+    build.add_argument("--vocab-size", type=positive_int, default=4096)
     build.set_defaults(func=_tokenizer_build)
 
     data = sub.add_parser("data", help="domain data").add_subparsers(dest="what", required=True)
@@ -257,7 +246,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    name = " ".join(v for v in (args.command, getattr(args, "what", None)) if v)
+    try:
+        return int(args.func(args) or 0)
+    except user_errors() as err:
+        print(f"clp {name}: error: {describe_error(err)}", file=sys.stderr)
+        return 2
+
+
+def describe_error(err: BaseException) -> str:
+    """The error's own message; an OS error without one made readable ("[Errno 13] ...: 'path'"
+    becomes "Permission denied: path")."""
+    if isinstance(err, OSError) and type(err).__str__ is OSError.__str__ and err.strerror:
+        return err.strerror + (f": {err.filename}" if err.filename is not None else "")
+    return str(err)
 
 
 if __name__ == "__main__":

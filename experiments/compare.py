@@ -72,7 +72,7 @@ def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | 
     from experiments.seeds import keep_named
 
     keep_named(data, "entries", entries, "--entries", path)
-    comp = from_mapping(Comparison, data, f"comparison config {path}")
+    comp = from_mapping(Comparison, data, f"comparison config {path}", whole_file=True)
     comp.run = str(path.parent / comp.run) if not Path(comp.run).is_absolute() else comp.run
     return comp
 

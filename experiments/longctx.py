@@ -78,7 +78,7 @@ def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] |
     from experiments.seeds import keep_named
 
     keep_named(data, "variants", variants, "--variants", path)
-    exp = from_mapping(LongContextExperiment, data, f"long-context config {path}")
+    exp = from_mapping(LongContextExperiment, data, f"long-context config {path}", whole_file=True)
     exp.base = str((path.parent / exp.base)) if not Path(exp.base).is_absolute() else exp.base
     if not Path(exp.base).is_file():
         raise ConfigError(f"{path}: field 'base': run config {exp.base} does not exist")

@@ -96,10 +96,7 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
     from experiments.seeds import keep_named
 
     keep_named(data, "models", models, "--models", path)
-    try:
-        exp = from_mapping(NeedleExperiment, data, f"needle config {path}")
-    except ValueError as err:
-        raise ConfigError(f"{path}: {err}") from None
+    exp = from_mapping(NeedleExperiment, data, f"needle config {path}", whole_file=True)
     exp.family = str(path.parent / exp.family) if not Path(exp.family).is_absolute() else exp.family
     return exp
 

@@ -77,7 +77,7 @@ def load(path: str | Path, seeds: list[int] | None = None) -> RecallExperiment:
     data = read_yaml(path, "recall config")
     if seeds is not None:
         data["seeds"] = seeds
-    return from_mapping(RecallExperiment, data, f"recall config {path}")
+    return from_mapping(RecallExperiment, data, f"recall config {path}", whole_file=True)
 
 
 def model_config(exp: RecallExperiment, variant: str):

@@ -54,9 +54,8 @@ def execute(
     """Everything `clp run` does but printing the final report: (run folder, results, runner or
     None when the run was already complete). `reuse_stale_base`: use a base built by other code
     instead of rebuilding (cached) or refusing (base_checkpoint) it; run.json records it."""
-    from cl_platform.engine import ContinualRunner, create_run_dir, inspect_run_dir, record_resume
-    from cl_platform.provenance import session
-    from experiments.callbacks import default_callbacks
+    from cl_platform.engine import CHECKPOINT, LOCK, RunDirError
+    from cl_platform.file_lock import FileLock
 
     setup = load_setup(config, overrides)
     strategy = make_strategy(setup)  # an unknown strategy fails before anything is trained
@@ -64,7 +63,7 @@ def execute(
     if is_child_rank():
         say = _silent
     # Identity needs the base's key, not its weights: a finished run is found without pretraining.
-    weights = None
+    weights = base = None
     if cfg.base_checkpoint is None:
         base_id = {"source": "pretrain", "key": base_key(setup)}
     else:
@@ -74,11 +73,32 @@ def execute(
     run_hash = config_hash(fields)
     name = cfg.name or setup.config_path.stem
     folder = Path(run_dir) if run_dir is not None else Path(cfg.runs_root) / f"{name}-{run_hash[:12]}"
-    if is_child_rank():  # rank 0 has made the folder decision; the other ranks only read
-        ckpt = folder / "checkpoints" / "last.ckpt"
-        state, resume_from = ("resume", ckpt if resume and ckpt.is_file() else None)
-    else:
+    if is_child_rank():  # rank 0 holds the folder's lock and has made the folder decision; the others only read
+        from cl_platform.checkpoint import latest_checkpoint
+
+        return _execute(setup, strategy, weights, base, fields, run_hash, name, folder, "resume",
+                        latest_checkpoint(folder / CHECKPOINT) if resume else None, progress_bar, say, callbacks,
+                        reuse_stale_base)
+    if folder.exists() and not folder.is_dir():
+        raise RunDirError(f"{folder} is a file, not a run folder; choose another --run-dir")
+    # One process runs a folder: the lock is taken before the folder is looked at, so two commands
+    # started together cannot both decide to create, or to resume, the same run.
+    with FileLock(folder / LOCK, f"run folder {folder}", on_takeover=say):
+        from cl_platform.engine import inspect_run_dir
+
         state, resume_from = inspect_run_dir(folder, run_hash, fields, resume)
+        return _execute(setup, strategy, weights, base, fields, run_hash, name, folder, state, resume_from,
+                        progress_bar, say, callbacks, reuse_stale_base)
+
+
+def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | None, fields: dict, run_hash: str,
+             name: str, folder: Path, state: str, resume_from: Path | None, progress_bar: bool,
+             say: Callable[[str], None], callbacks: list | None, reuse_stale_base: bool) -> tuple[Path, RunResults, Any]:
+    from cl_platform.engine import ContinualRunner, create_run_dir, record_resume
+    from cl_platform.provenance import session
+    from experiments.callbacks import default_callbacks
+
+    cfg = setup.config
     if state == "complete":
         say(f"run {folder} is already complete (same configuration hash {run_hash[:12]})")
         if cfg.cl.inspect and not (folder / "inspect").is_dir():
@@ -116,15 +136,19 @@ def execute(
         strategy_name=cfg.strategy_name,
         callbacks=callbacks,
         progress_bar=progress_bar,
+        say=say,
     )
-    if resume_from is not None:
-        say(f"resuming {folder} from {resume_from}")
     say(f"run {folder}: {cfg.cl.mode} mode, {len(setup.scenario)} experiences "
         f"({' -> '.join(exp.domain for exp in setup.scenario)}), strategy {cfg.strategy_name}, "
         f"eval memory policy {cfg.cl.eval_memory}, evaluated on the {cfg.cl.eval_split} split")
-    # A resume is recorded once its checkpoint has loaded: a refused one leaves the folder as it was.
-    resumed = None if state == "new" or is_child_rank() else (lambda: record_resume(folder, {**session(), "base": base}))
-    results = runner.run(resume_from=resume_from, on_restored=resumed)
+    def restored() -> None:
+        # A resume is recorded once its checkpoint has loaded: a refused one leaves the folder as it was.
+        if resume_from is not None:
+            say(f"resuming {folder} from {runner.saved_path} (step {runner.saved_step})")
+        if state != "new" and not is_child_rank():
+            record_resume(folder, {**session(), "base": base})
+
+    results = runner.run(resume_from=resume_from, on_restored=restored)
     return folder, results, runner
 
 

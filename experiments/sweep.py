@@ -26,7 +26,8 @@ towards the target and are always run. With heartbeats on (RDB storage), a worke
 RUNNING trial whose heartbeat stops; after `grace_period` seconds the next worker fails it and
 queues a retry (`RetryHeartbeatStaleTrialCallback`) that continues the same run folder from its
 last checkpoint. A trial interrupted by Ctrl-C is queued for a retry the same way. A run that
-stops on a non-finite loss (`RunStopped`, e.g. a learning rate that diverges) is a FAIL trial, not
+stops on a non-finite loss (`RunStopped`, e.g. a learning rate that diverges) or whose folder another
+live process runs (`FolderBusy`: a retry of a trial whose worker is slow, not dead) is a FAIL trial, not
 counted; `MAX_FAILURES` failed trials in a row stop the worker.
 
 Outputs (`experiments/sweep_report.py`) are rewritten from the study at the end of every
@@ -35,7 +36,6 @@ Outputs (`experiments/sweep_report.py`) are rewritten from the study at the end 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import math
 import subprocess
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cl_platform.check import ConfigError
+from cl_platform.file_lock import FileLock, FolderBusy
 from experiments.sweep_config import METRICS, Sweep, check_runs, check_storage, check_study, load, storage_url, \
     sweep_dir
 
@@ -65,25 +66,6 @@ def make_storage(sweep: Sweep, url: str) -> Any:
 
 
 # --- running ----------------------------------------------------------------------------------------
-class FileLock:
-    """An exclusive lock on a file (workers of one machine): held from counting trials to asking
-    for one, released by whichever comes first, the objective starting or the attempt ending."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.handle = None
-
-    def acquire(self) -> None:
-        self.handle = open(self.path, "a")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
-
-    def release(self) -> None:
-        if self.handle is not None:
-            fcntl.flock(self.handle, fcntl.LOCK_UN)
-            self.handle.close()
-            self.handle = None
-
-
 def folder_number(trial: Any) -> int:
     """The run folder a trial uses: its own number, or the original's for a retry (so the retry
     continues that run from its checkpoint)."""
@@ -175,7 +157,9 @@ def optimize(sweep: Sweep, study: Any, out: Path, say: Callable[[str], None]) ->
 
     from cl_platform.trainer import RunStopped
 
-    lock = FileLock(out / "study.lock")
+    # Held from counting trials to asking for one; released by whichever comes first, the
+    # objective starting or the attempt ending.
+    lock = FileLock(out / "study.lock", f"sweep {out}", wait=True)
     objective = TrialObjective(sweep, out, lock, say)
     failures = 0
     while True:
@@ -189,7 +173,7 @@ def optimize(sweep: Sweep, study: Any, out: Path, say: Callable[[str], None]) ->
                 return
             objective.number = None
             try:
-                study.optimize(objective, n_trials=1, catch=(RunStopped,))
+                study.optimize(objective, n_trials=1, catch=(RunStopped, FolderBusy))
             except KeyboardInterrupt:
                 _queue_retry(sweep, study, objective.number)
                 raise

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from cl_platform.tokenizer import Tokenizer, load_tokenizer
 from streams.packing import PackedSegments, pack_split, tokenize_documents
-from cl_platform.check import check_keys, from_mapping, read_yaml
+from cl_platform.check import ConfigError, check_keys, from_mapping, read_yaml
 from streams.sources import DomainConfig, load_documents
 from streams.splits import SplitPlan, TokenBudget, adapt_part_name, plan_splits
 
@@ -106,7 +106,7 @@ def load_stream_config(path: str | Path) -> StreamConfig:
     try:
         return StreamConfig.from_dict(data, base_dir=path.resolve().parent)
     except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise ConfigError(f"{path}: {e}") from None
 
 
 @dataclass

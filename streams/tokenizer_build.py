@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cl_platform.check import ConfigError
 from cl_platform.tokenizer import SHIPPED_PATH, train_tokenizer
 
 CHARS_PER_DOMAIN = 1_500_000
@@ -52,6 +53,10 @@ def _sample(chars_per_domain: int, cache_dir: Path | None) -> dict[str, tuple[li
 
 def main(out: str | None = None, vocab_size: int = 4096) -> int:
     target = Path(out) if out is not None else SHIPPED_PATH
+    if not target.parent.is_dir():  # found before the minutes of training, not after
+        raise ConfigError(f"--out {target}: its folder {target.parent} does not exist", field="out")
+    if target.is_dir():
+        raise ConfigError(f"--out {target} is a folder; name the tokenizer file (e.g. {target / 'tokenizer.json'})", field="out")
     t0 = time.perf_counter()
     sample = _sample(CHARS_PER_DOMAIN, cache_dir=None)
     texts = [t for _, chosen in sample.values() for t in chosen]

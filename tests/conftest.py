@@ -58,10 +58,13 @@ def write_yaml(path: Path, data: dict) -> Path:
 
 def run_cli(args: list[str], env_extra: dict | None = None, check: bool = True, script: str | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess:
-    """`clp ARGS` in a fresh interpreter with one thread (results are bit-reproducible across
-    processes only at a fixed thread count). `script`: Python run instead of the plain CLI, which
-    ends by calling `experiments.cli.main(sys.argv[1:])`."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    """`clp ARGS` in a fresh interpreter with the suite's thread count (OMP_NUM_THREADS, 1 if unset:
+    results are bit-reproducible across processes only at a fixed thread count, and CI runs the
+    suite at 1 and at 2). `script`: Python run instead of the plain CLI, which ends by calling
+    `experiments.cli.main(sys.argv[1:])`."""
+    threads = os.environ.get("OMP_NUM_THREADS", "1")
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": str(ROOT),
+           **(env_extra or {})}
     code = script or "import sys\nfrom experiments.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)

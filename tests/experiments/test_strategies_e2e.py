@@ -59,15 +59,24 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
     b = RunResults.from_json(folder / "results.json")
     assert a.matrix.is_complete and np.array_equal(a.matrix.values, b.matrix.values), (a.matrix.values, b.matrix.values)
     assert a.curves == b.curves and a.doc_losses == b.doc_losses
+    summary = json.loads((folder / "strategy.json").read_text())
     if name == "slot_freezing":  # strategy.json: frozen slots owned per domain, 10 % of 256 per experience
-        summary = json.loads((folder / "strategy.json").read_text())
         assert summary["name"] == name and summary["after_experience"] == 2
         assert summary["owned_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
+    if name == "slot_transfer":  # 10 % of 256 slots moved to the slow memory after each experience
+        assert summary["name"] == name and summary["after_experience"] == 2
+        assert summary["transferred_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
     tiny.run_cli(["run", str(naive)])
     ref = RunResults.from_json(next(tiny.runs.glob(f"naive-{mode}-*")) / "results.json")
-    # distill and slot_transfer act when experience 1 ends, the others in experience 2
-    acts_from = 1 if name in ("distill", "slot_transfer") else 2
-    if name == "slot_transfer":  # the transfer itself keeps the model's outputs, up to float rounding
+    # distill acts when experience 1 ends, the others in experience 2. Slot transfer moves rows
+    # when experience 1 ends too, but exactly (fast + slow read-outs equal the fast ones before
+    # it), so row 1 equals naive's up to float rounding — bit-equal on some CPUs, not on others —
+    # and its effect is in row 2: experience 2's writes no longer move the transferred rows.
+    acts_from = 1 if name == "distill" else 2
+    if name == "slot_transfer":
         assert np.allclose(ref.matrix.values[1], a.matrix.values[1], atol=1e-5, rtol=0)
-    assert np.array_equal(ref.matrix.values[:acts_from], a.matrix.values[:acts_from])
-    assert not np.array_equal(ref.matrix.values[acts_from], a.matrix.values[acts_from])
+    else:
+        assert np.array_equal(ref.matrix.values[:acts_from], a.matrix.values[:acts_from])
+    assert np.array_equal(ref.matrix.values[0], a.matrix.values[0])
+    assert not np.allclose(ref.matrix.values[acts_from], a.matrix.values[acts_from], atol=1e-4, rtol=0), \
+        (ref.matrix.values[acts_from], a.matrix.values[acts_from])

@@ -124,7 +124,9 @@ def test_a_bad_trial_is_pruned_and_its_run_folder_stays(tiny, tiny_base, tmp_pat
     # Reported at the first curve point after training (curve_every 2), keyed by the run's step.
     assert list(study.trials[0].intermediate_values)[:3] == [2, 4, 6]
     assert list(pruned.intermediate_values) == [2]
-    assert pruned.intermediate_values[2] > study.trials[0].intermediate_values[2] + 0.5
+    # What the median pruner compared: at step 2 the pruned trial's value was above the median of
+    # the completed trials' values there (one trial: its own value), so it stopped.
+    assert pruned.intermediate_values[2] > study.trials[0].intermediate_values[2]
     folder = out / "trials" / "1"
     assert (folder / "checkpoints" / "last.ckpt").is_file()
     assert not RunResults.from_json(folder / "results.json").matrix.is_complete

@@ -1,0 +1,99 @@
+"""Every `clp` command that reads a file answers a bad one — missing, not YAML, an unknown key, a
+bad value — with one line `clp CMD: error: ...` naming the file (or the field), exit 2, no
+traceback, before any work starts. Run in-process through `experiments.cli.main`, the function
+the `clp` script calls, so the error boundary under test is the one users meet."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.cli import main
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+# command, shipped file, its fields holding paths relative to it, a bad value, words the error must hold
+COMMANDS = [
+    ("run", "default.yaml", ["stream"], {"seed": "abc"}, ["'seed'"]),
+    ("pretrain", "default.yaml", ["stream"], {"pretrain": {"steps": -5}}, ["'pretrain.steps'"]),
+    ("recall", "recall.yaml", [], {"lr": -1}, ["lr"]),
+    ("eval", "longctx.yaml", ["base"], {"split": "evall"}, ["split", "'evall'"]),
+    ("niah", "niah.yaml", ["family"], {"episodes": -3}, ["episodes"]),
+    ("compare", "compare_strategies.yaml", ["run"], {"seeds": "abc"}, ["seeds"]),
+    ("sweep", "sweeps/fast_lr_chunk.yaml", ["run"], {"trials": -2}, ["trials"]),
+    ("data stats", "streams/default.yaml", [], {"seq_len": -4}, ["seq_len"]),
+]
+
+
+def shipped_with(tmp_path: Path, name: str, relative: list[str], change: dict) -> Path:
+    """A copy of a shipped config with `change` applied (its relative paths made absolute)."""
+    src = EXPERIMENTS / name
+    data = yaml.safe_load(src.read_text())
+    for key in relative:
+        data[key] = str((src.parent / data[key]).resolve())
+    for key, value in change.items():
+        if isinstance(value, dict):
+            data.setdefault(key, {}).update(value)
+        else:
+            data[key] = value
+    path = tmp_path / Path(name).name
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def error_line(capsys, argv: list[str], command: str) -> str:
+    code = main(argv)
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert code == 2, (code, captured.out[-2000:], captured.err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith(f"clp {command}: error: "), captured.err
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command, name, relative, bad, words", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_every_config_command_answers_each_bad_file_with_one_line(capsys, tmp_path, command, name, relative, bad, words):
+    argv = command.split()
+    missing = tmp_path / "missing.yaml"
+    assert f"{missing} does not exist" in error_line(capsys, [*argv, str(missing)], command)
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("seeds: [0, 1\nname: x\n", encoding="utf-8")
+    line = error_line(capsys, [*argv, str(broken)], command)
+    assert f"{broken}: not valid YAML" in line and "line 2" in line, line
+
+    unknown = shipped_with(tmp_path, name, relative, {"no_such_key": 1})
+    line = error_line(capsys, [*argv, str(unknown)], command)
+    assert str(unknown) in line and "no_such_key" in line, line
+
+    (tmp_path / "v").mkdir()
+    valued = shipped_with(tmp_path / "v", name, relative, bad)
+    line = error_line(capsys, [*argv, str(valued)], command)
+    assert str(valued) in line and all(w in line for w in words), line
+
+
+def test_the_shipped_files_themselves_are_accepted_by_the_same_loaders(tmp_path):
+    """The control for the test above: the copies differ from a good file only by the change
+    (otherwise every case could fail for one shared reason, e.g. a path the copy broke)."""
+    from cl_platform.config import load_config
+    from experiments import compare, longctx, niah, recall, sweep_config
+    from streams.stream import load_stream_config
+
+    loaders = {"run": load_config, "pretrain": load_config, "recall": recall.load, "eval": longctx.load,
+               "niah": niah.load, "compare": compare.load, "sweep": sweep_config.load, "data stats": load_stream_config}
+    for command, name, relative, _, _ in COMMANDS:
+        folder = tmp_path / command.replace(" ", "_")
+        folder.mkdir()
+        assert loaders[command](shipped_with(folder, name, relative, {})) is not None
+
+
+def test_report_and_tokenizer_refuse_bad_paths_with_one_line(capsys, tmp_path):
+    line = error_line(capsys, ["report", str(tmp_path / "nothing-here")], "report")
+    assert str(tmp_path / "nothing-here") in line
+    line = error_line(capsys, ["tokenizer", "build", "--out", str(tmp_path / "no" / "tok.json")], "tokenizer build")
+    assert f"its folder {tmp_path / 'no'} does not exist" in line
+
+
+def test_a_bad_number_argument_is_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "layer", "--threads", "0"])
+    assert exit_.value.code == 2 and "--threads: 0 must be >= 1" in capsys.readouterr().err
