@@ -12,10 +12,13 @@ from experiments.setup import base_key, load_setup
 
 
 def test_base_beats_the_unigram_model_clearly(tiny_base):
+    # The margins: the tiny base beats unigram by 0.45-0.86 nats per domain; one machine's bases
+    # at 1 and 2 threads differ by up to 0.06 (a float32 trajectory is chaotic), so each bound
+    # leaves at least four times that.
     record = tiny_base.record
     assert record["final_eval_mean"] < record["unigram_mean"] - 0.4, record
     for domain, unigram in record["unigram"].items():
-        assert record["final_eval"][domain] < unigram - 0.3, domain
+        assert record["final_eval"][domain] < unigram - 0.2, domain
     losses = [loss for _, loss in record["loss_curve"]]
     assert len(losses) == 150 and sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 1.5
     assert [step for step, _ in record["eval_curve"]["math"]] == [0, 50, 100, 150]

@@ -35,7 +35,8 @@ CASES = {
     "slot_freezing": ("fast", {"fraction": 0.1, "budget": 0.3}),
     "slot_transfer": ("fast", {"fraction": 0.1, "budget": 0.3}),
     "distill": ("fast", {"steps": 3, "batch_size": 2, "lr": 1e-3}),
-    "ewc": ("finetune", {"lam": 1000.0, "fisher_batches": 2, "batch_size": 2}),
+    # lam 1e3 moved row 2 by 1e-4 on one tiny base and by 6e-6 (rounding) on another; 1e5 by 2e-3-6e-3.
+    "ewc": ("finetune", {"lam": 1.0e5, "fisher_batches": 2, "batch_size": 2}),
     "lwf": ("finetune", {"alpha": 1.0}),
 }
 
@@ -78,5 +79,7 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
     else:
         assert np.array_equal(ref.matrix.values[:acts_from], a.matrix.values[:acts_from])
     assert np.array_equal(ref.matrix.values[0], a.matrix.values[0])
+    # Every strategy moves that row by 2e-3 or more (measured on tiny bases trained at 1 and at 2
+    # threads); rounding moves it by 1e-6: the bound is far from both.
     assert not np.allclose(ref.matrix.values[acts_from], a.matrix.values[acts_from], atol=1e-4, rtol=0), \
         (ref.matrix.values[acts_from], a.matrix.values[acts_from])
