@@ -1,4 +1,6 @@
-"""Lightning callbacks for logging and progress, shared by pretraining and the continual runner.
+"""Lightning callbacks for logging and progress, shared by pretraining and the continual runner,
+and `RunCallback`, the observer of a continual run (results rows, curve points, the end). What
+changes the loss is a strategy (cl_platform/strategy.py); what only watches is a callback, here.
 
 Everything is logged against the run's own step (`LMModule.position.step`: training batches so far
 over the whole run), never Lightning's `global_step`, which counts optimiser steps (none in fast
@@ -67,3 +69,20 @@ class ExperienceProgressBar(TQDMProgressBar):
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
         return metrics
+
+
+class RunCallback(L.Callback):
+    """A Lightning callback that also hears about results rows and the end of the run (`runner`:
+    the `cl_platform.engine.ContinualRunner`, named as a string: the engine imports this module)."""
+
+    def on_results_row(self, runner: "ContinualRunner", row: int) -> None:
+        """Row `row` of `runner.results.matrix` has just been measured (0 = before any experience)."""
+
+    def on_curve_point(self, runner: "ContinualRunner", step: int) -> None:
+        """Forgetting-curve point `step` has just been added to `runner.results.curves` (every
+        domain) and written to results.json. Called inside the training loop when the point is
+        due after a batch, so an exception raised here stops the run there (Optuna pruning:
+        experiments/sweep_pruning.py); the run's checkpoint stays resumable."""
+
+    def on_run_end(self, runner: "ContinualRunner") -> None:
+        """Every row is measured and results.json is final."""

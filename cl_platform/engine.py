@@ -1,7 +1,7 @@
 """The continual-learning runner: a model, a stream of domains, a strategy → a results matrix.
 
     runner = ContinualRunner(model=model, stream=scenario, strategy=NaiveStrategy(), config=cfg,
-                             run_dir=Path("runs/default-1a2b3c4d5e6f"), config_hash=h, strategy_name="naive")
+                             run_dir=Path("runs/default-1a2b3c4d5e6f"), config_hash=h)
     results = runner.run(resume_from=None)       # RunResults, also in run_dir/results.json
 
 Protocol (docs/protocol.md):
@@ -64,7 +64,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from cl_platform.atomic import WriteError, atomic_write_json
-from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
+from cl_platform.callbacks import RunCallback, TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import latest_checkpoint, load_latest, save_checkpoint
 from cl_platform.config import RunConfig, dict_diff
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
@@ -83,23 +83,6 @@ class RunDirError(RuntimeError):
     """The run folder cannot be used as asked (exists, differs, nothing to resume); nothing was written."""
 
 
-class RunCallback(L.Callback):
-    """A Lightning callback that also hears about results rows and the end of the run."""
-
-    def on_results_row(self, runner: "ContinualRunner", row: int) -> None:
-        """Row `row` of `runner.results.matrix` has just been measured (0 = before any experience)."""
-
-    def on_curve_point(self, runner: "ContinualRunner", step: int) -> None:
-        """Forgetting-curve point `step` has just been added to `runner.results.curves` (every
-        domain) and written to results.json. Called inside the training loop when the point is
-        due after a batch, so an exception raised here stops the run there (Optuna pruning:
-        experiments/sweep_pruning.py); the run's checkpoint stays resumable."""
-
-    def on_run_end(self, runner: "ContinualRunner") -> None:
-        """Every row is measured and results.json is final."""
-
-
-
 class ContinualRunner:
     """One run of the protocol above; files go to `run_dir` (results.json, checkpoints/,
     tensorboard/). `callbacks`: Lightning callbacks added to every Trainer; those that are
@@ -114,7 +97,6 @@ class ContinualRunner:
         config: RunConfig,
         run_dir: str | os.PathLike[str],
         config_hash: str,
-        strategy_name: str,
         callbacks: list[L.Callback] | None = None,
         progress_bar: bool = True,
         say: Callable[[str], None] = print,
@@ -145,7 +127,7 @@ class ContinualRunner:
             seed=config.seed,
             mode=cl.mode,
             memory_policy=cl.eval_memory,
-            strategy=strategy_name,
+            strategy=config.strategy_name,
             versions=package_versions(),
         )
         self.saved_step: int | None = None
@@ -247,8 +229,10 @@ class ContinualRunner:
             domain=exp.domain,
             global_step=self.position.step,
             mode=self.config.cl.mode,
-            extras={"stream": self.stream, "experience": exp, "num_experiences": len(self.experiences),
-                    "eval_domains": list(self.domains)},
+            current=exp,
+            stream=self.stream,
+            num_experiences=len(self.experiences),
+            eval_domains=tuple(self.domains),
         )
         self.module.begin_experience(ctx, label=f"exp {t}/{len(self.experiences)} {exp.domain}")
         return ctx

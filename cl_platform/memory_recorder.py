@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from cl_platform.atomic import atomic_write, atomic_write_json
-from cl_platform.engine import RunCallback
+from cl_platform.callbacks import RunCallback
 from cl_platform.model import IGNORE_INDEX
 
 TOP_SLOTS = 8  # slots shown per layer and experience
@@ -187,7 +187,7 @@ class MemoryRecorder(RunCallback):
     def _last_row(pl_module) -> bool:
         """A row's evaluation after the last experience (the context is the experience just trained)."""
         ctx = pl_module.ctx
-        return ctx is not None and ctx.experience == ctx.extras.get("num_experiences")
+        return ctx is not None and ctx.experience == ctx.num_experiences
 
     # --- what the layers report ----------------------------------------------------------------
     def _observe(self, layer, g: Tensor, idx: Tensor, weights: Tensor) -> None:

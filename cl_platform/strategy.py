@@ -20,7 +20,7 @@ slow weights are frozen). Strategies reach the memory through the model's public
 (write mask, read counts, slot reset), never through layer internals.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, get_args
 
 from torch import Tensor, nn
@@ -43,8 +43,13 @@ class StrategyContext:
                   optimiser steps in 'finetune'; in 'fast' there is no optimiser, and Lightning's
                   `global_step` would stay 0)
     mode:         'fast' (slow weights frozen, fast weights adapt) or 'finetune'
-    extras:       anything else a runner passes on (e.g. the stream, the number of experiences);
-                  strategies must treat a missing key as "not available"
+    current:      the stream's experience t (`stream[t - 1]`): `.domain`, `.data.segments` (its
+                  adapt segments), `.adapt_loader(batch_size)`; None where no runner built one
+    stream:       the whole stream (`len(stream)`, `stream[i]`: every experience, for replay)
+    num_experiences: experiences in the stream (0 where unknown)
+    eval_domains: the domains every results row evaluates, in matrix order
+    The runner fills every field; a strategy that needs `current` or `stream` refuses a context
+    without it by name (`require`), instead of failing on an attribute of None.
     """
 
     model: nn.Module
@@ -52,7 +57,18 @@ class StrategyContext:
     domain: str
     global_step: int = 0
     mode: Mode = "fast"
-    extras: dict[str, Any] = field(default_factory=dict)
+    current: Any = None
+    stream: Any = None
+    num_experiences: int = 0
+    eval_domains: tuple[str, ...] = ()
+
+    def require(self, name: str, who: str) -> Any:
+        """Field `name` (current, stream), which strategy `who` needs: an error naming both if unset."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{who}: the strategy context of experience {self.experience} has no {name!r} "
+                             f"(it needs a runner that streams the experience's data)")
+        return value
 
     def __post_init__(self) -> None:
         if self.experience < 1:

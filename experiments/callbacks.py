@@ -14,7 +14,8 @@ import time
 
 from analysis.metrics import summary
 from analysis.plots import heatmap_figure
-from cl_platform.engine import ContinualRunner, RunCallback
+from cl_platform.callbacks import RunCallback
+from cl_platform.engine import ContinualRunner
 
 
 class ExperienceSummary(RunCallback):

@@ -133,7 +133,6 @@ def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | Non
         config=cfg,
         run_dir=folder,
         config_hash=run_hash,
-        strategy_name=cfg.strategy_name,
         callbacks=callbacks,
         progress_bar=progress_bar,
         say=say,

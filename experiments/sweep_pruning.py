@@ -26,7 +26,8 @@ import warnings
 
 import optuna
 
-from cl_platform.engine import ContinualRunner, RunCallback
+from cl_platform.callbacks import RunCallback
+from cl_platform.engine import ContinualRunner
 
 
 class CurvePruning(RunCallback):

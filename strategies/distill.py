@@ -126,7 +126,7 @@ class Distill(Strategy):
         return losses
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
-        segments = ctx.extras["experience"].data.segments
+        segments = ctx.require("current", "distill").data.segments
         self.losses.append(self.consolidate(ctx.model, segments, ctx.experience))
         self.before = None
 

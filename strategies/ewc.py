@@ -77,7 +77,7 @@ class EWC(Strategy):
         self.anchor = {n: p.detach().clone() for n, p in _dense_params(model).items()}
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
-        loader = ctx.extras["experience"].adapt_loader(self.batch_size)
+        loader = ctx.require("current", "ewc").adapt_loader(self.batch_size)
         batches = [b for _, b in zip(range(self.fisher_batches), loader)]
         self.consolidate(ctx.model, batches)
 

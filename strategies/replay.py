@@ -108,7 +108,7 @@ class Replay(Strategy):
             storage.post_adapt(None, SimpleNamespace(dataset=_as_dataset(ids)))
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
-        segments = ctx.extras["experience"].data.segments
+        segments = ctx.require("current", "replay").data.segments
         self.add(ctx.experience, len(segments), segments.seq_len)
 
     # --- mixing -------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class Replay(Strategy):
         picks = self.draw(ctx.global_step, batch["input_ids"].shape[0])
         if len(picks) == 0:
             return batch
-        stream = ctx.extras["stream"]
+        stream = ctx.require("stream", "replay")
         rows = [stream[int(t) - 1].data.segments[int(i)] for t, i in picks]
         return {key: torch.cat([value, torch.stack([r[key] for r in rows]).to(value.device)])
                 for key, value in batch.items()}

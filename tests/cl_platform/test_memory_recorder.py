@@ -243,7 +243,7 @@ def test_the_report_shows_slots_and_gates_from_the_records(runs, tmp_path):
 
 
 def test_a_resumed_experience_is_marked_partial_and_earlier_ones_are_kept(runs, tmp_path):
-    from cl_platform.engine import RunCallback
+    from cl_platform.callbacks import RunCallback
     from experiments.run import execute
 
     class StopAt(RunCallback):

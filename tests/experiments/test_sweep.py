@@ -219,7 +219,7 @@ def test_values_are_written_so_the_config_loader_reads_them_back(value):
 SLOW_PARENT = """
 import sys, time
 import experiments.run as run
-from cl_platform.engine import RunCallback
+from cl_platform.callbacks import RunCallback
 
 class Slow(RunCallback):  # this process's trials take seconds, so that the worker it starts joins in
     def on_curve_point(self, runner, step):
@@ -252,7 +252,7 @@ def test_two_workers_share_one_study_without_lost_or_duplicated_trials(tiny, tin
 KILLER = """
 import os, signal, sys
 import experiments.run as run
-from cl_platform.engine import RunCallback
+from cl_platform.callbacks import RunCallback
 
 class KillAt(RunCallback):  # the worker dies (SIGKILL: no clean-up) at run step 4 of trial 0
     def on_curve_point(self, runner, step):

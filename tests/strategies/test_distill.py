@@ -38,7 +38,7 @@ def test_kl_falls_only_mlps_move_and_memory_ends_as_asked(after):
     model, segs = setup()
     s = Distill(params="mlp", steps=25, batch_size=3, lr=3e-3, after=after)
     ctx = StrategyContext(model=model, experience=1, domain="math", mode="fast",
-                          extras={"experience": SimpleNamespace(data=SimpleNamespace(segments=segs))})
+                          current=SimpleNamespace(data=SimpleNamespace(segments=segs)))
     s.on_experience_start(ctx)
     before = model.snapshot_memory()
     adapt(model, segs)
@@ -74,7 +74,7 @@ def test_resume_mid_experience_consolidates_the_same_way():
         model, segs = setup()
         s = Distill(steps=5, batch_size=2)
         ctx = StrategyContext(model=model, experience=1, domain="math", mode="fast",
-                              extras={"experience": SimpleNamespace(data=SimpleNamespace(segments=segs))})
+                              current=SimpleNamespace(data=SimpleNamespace(segments=segs)))
         s.on_experience_start(ctx)
         adapt(model, segs[:3])
         if resumed:

@@ -24,7 +24,7 @@ def fake_stream(n_exps=3, n_segments=20, T=8):
 
 def ctx_for(stream, t, step=0):
     return StrategyContext(model=torch.nn.Linear(1, 1), experience=t, domain=f"d{t}", global_step=step,
-                           extras={"stream": stream, "experience": stream[t - 1]})
+                           stream=stream, current=stream[t - 1])
 
 
 def per_experience(strategy):
