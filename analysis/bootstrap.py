@@ -15,6 +15,7 @@ seeds is another source (`clp run --seeds/--base-seeds`, analysis/aggregate.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,14 +23,10 @@ import numpy as np
 from analysis import metrics
 from cl_platform.results import ResultsMatrix, RunResults
 
-# Headline numbers that get an interval, as functions of a matrix.
-SCALARS = {
-    "average_final": metrics.average_score,
-    "adaptation_gain": metrics.adaptation_gain,
-    "average_forgetting": metrics.average_forgetting,
-    "average_forgetting_including_row0": metrics.average_forgetting_including_row0,
-    "retention_after_2": lambda m: metrics.retention_after(m, 2),
-}
+def scalars() -> dict[str, Callable[[ResultsMatrix], float]]:
+    """Headline numbers that get an interval, as functions of a matrix: the registry's entries
+    with `interval` (analysis.metrics.METRICS), in registry order."""
+    return {m.name: m.fn for m in metrics.METRICS.values() if m.interval}
 
 
 def document_arrays(results: RunResults) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -50,7 +47,7 @@ def document_arrays(results: RunResults) -> dict[str, tuple[np.ndarray, np.ndarr
 
 def bootstrap(results: RunResults, samples: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
     """Point value and percentile interval of every matrix cell, each experience's adaptation gain
-    and the `SCALARS`, over `samples` paired document draws."""
+    and the `scalars()`, over `samples` paired document draws."""
     if samples < 2 or not 0 < level < 1:
         raise ValueError(f"bootstrap: samples must be >= 2 and level in (0, 1), got {samples}, {level}")
     matrix = results.matrix
@@ -91,5 +88,5 @@ def bootstrap(results: RunResults, samples: int = 1000, seed: int = 0, level: fl
         "adaptation_gain_per_experience": [
             interval(point_gains[t], [g[t] for g in gains]) for t in range(len(point_gains))
         ],
-        "metrics": {name: interval(float(f(matrix)), [float(f(m)) for m in draws]) for name, f in SCALARS.items()},
+        "metrics": {name: interval(float(f(matrix)), [float(f(m)) for m in draws]) for name, f in scalars().items()},
     }

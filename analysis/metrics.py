@@ -18,10 +18,18 @@ gain through the later rows.
 A domain may recur (math → law → math): "trained" always refers to the experiences up to row T,
 and BWT measures from the domain's most recent training, as Avalanche's stream metrics do (their
 reference value is refreshed each time an experience is trained on).
+
+The headline numbers of a run are registered once, in `METRICS` (a `Metric` per number: function,
+printed label, direction, whether the bootstrap gives it an interval); `summary`, `clp run`'s
+printed summary, analysis/bootstrap.py, the comparison tables, the sweep's objective names and
+TensorBoard's hparams all read it, so a new headline number is one new row there.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -254,11 +262,143 @@ def area_under_learning_curves(run: RunResults) -> dict[str, float]:
     return {domain: area_under_curve(points) for domain, points in run.curves.items()}
 
 
-def summary(results: RunResults | ResultsMatrix) -> dict[str, float | int | str | bool]:
-    """Headline numbers of one run; curve areas are included when `results` is a RunResults.
+def mean_area_under_learning_curves(run: RunResults) -> float:
+    """The mean over domains of `area_under_learning_curves`; NaN if no domain has a curve."""
+    return _mean(list(area_under_learning_curves(run).values()))
 
-    `retention_after_2` is `retention_after(matrix, 2)`: the mean fraction of an experience's
-    adaptation gain left two experiences later.
+
+# --- the registry of headline numbers ---------------------------------------------------------------
+KINDS = ("level", "change", "fraction")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One headline number of a run. Every listing of metrics reads `METRICS`: `summary` (and so
+    comparison.json, trials.csv, TensorBoard's `final/<name>` hparams, the names a sweep objective
+    may use), `clp run`'s printed summary, the bootstrap's intervals and the comparison tables.
+
+    name              its key in `summary`
+    fn                ResultsMatrix -> float; RunResults -> float when `needs_run`
+    label             its line in `clp run`'s printed forgetting summary (experiments/run.py:report)
+    higher_is_better  which way is better on a loss matrix, the platform's metric (see `better_if_higher`)
+    interval          the document bootstrap (analysis/bootstrap.py) gives it an interval
+    kind              "level": a score in metric units (a mean loss), so its direction follows the
+                      matrix's metric; "change": a difference written with g (module docstring), one sign
+                      convention for loss and accuracy, shown signed; "fraction": a ratio of changes
+    column            its column head in the comparison report (analysis/report_comparison.py; `clp
+                      compare`'s text table abbreviates "average" to "avg"); None: `label`
+    needs_run         `fn` reads the curves, so it takes the RunResults: `summary` of a bare
+                      ResultsMatrix leaves the entry out, and the bootstrap (which redraws matrices) cannot
+                      give it an interval
+    """
+
+    name: str
+    fn: Callable[[Any], float]
+    label: str
+    higher_is_better: bool
+    interval: bool
+    kind: str
+    column: str | None = None
+    needs_run: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"metric {self.name!r}: kind {self.kind!r} is not one of {list(KINDS)}")
+        if self.interval and self.needs_run:
+            raise ValueError(f"metric {self.name!r}: the bootstrap redraws matrices only; a metric of the "
+                             "curves (needs_run) cannot have an interval")
+
+    @property
+    def column_label(self) -> str:
+        return self.column if self.column is not None else self.label
+
+    @property
+    def signed(self) -> bool:
+        """Shown with its sign (+/-) in tables: a change can go either way."""
+        return self.kind == "change"
+
+    def better_if_higher(self, matrix: ResultsMatrix) -> bool:
+        """Whether a higher value is better on `matrix`: `higher_is_better`, flipped for a level
+        when the matrix's metric is higher-is-better (accuracy)."""
+        if self.kind == "level" and not matrix.lower_is_better:
+            return not self.higher_is_better
+        return self.higher_is_better
+
+    def value(self, results: RunResults | ResultsMatrix) -> float:
+        """`fn` on `results` (its matrix, unless `needs_run`)."""
+        if self.needs_run:
+            if not isinstance(results, RunResults):
+                raise TypeError(f"metric {self.name!r} reads the curves: it needs a RunResults, not a ResultsMatrix")
+            return self.fn(results)
+        return self.fn(results.matrix if isinstance(results, RunResults) else results)
+
+
+# `summary`'s entries that are not metrics; they come first.
+SUMMARY_FIELDS = ("metric", "lower_is_better", "experiences_done", "experiences_total")
+
+
+def _registry(*entries: Metric) -> dict[str, Metric]:
+    names = [m.name for m in entries]
+    clash = sorted({n for n in names if names.count(n) > 1 or n in SUMMARY_FIELDS})
+    if clash:
+        raise ValueError(f"metric registry: names {clash} are repeated or are summary fields")
+    return {m.name: m for m in entries}
+
+
+# In `summary`'s order (comparison.json, trials.csv and the report's summary table keep it); a new
+# entry shows up in all of them and in `clp run`'s printed summary (after the HEADLINE numbers).
+METRICS: dict[str, Metric] = _registry(
+    Metric("average_final", average_score, "average final loss", higher_is_better=False, interval=True,
+           kind="level", column="final average loss"),
+    Metric("average_forgetting", average_forgetting, "average forgetting", higher_is_better=False, interval=True,
+           kind="change"),
+    Metric("backward_transfer", backward_transfer, "backward transfer", higher_is_better=True, interval=False,
+           kind="change"),
+    Metric("forward_transfer", forward_transfer, "forward transfer", higher_is_better=True, interval=False,
+           kind="change"),
+    Metric("plasticity", plasticity, "plasticity", higher_is_better=True, interval=False, kind="change"),
+    Metric("adaptation_gain", adaptation_gain, "adaptation gain (vs row 0)", higher_is_better=True, interval=True,
+           kind="change", column="adaptation gain"),
+    # The mean fraction of an experience's adaptation gain left two experiences later.
+    Metric("retention_after_2", partial(retention_after, k=2), "gain left 2 experiences later",
+           higher_is_better=True, interval=True, kind="fraction", column="retention after 2"),
+    Metric("average_forgetting_including_row0", average_forgetting_including_row0, "forgetting from best incl. row 0",
+           higher_is_better=False, interval=True, kind="change"),
+    # The only metric of the curves, not of the matrix: its fn takes the RunResults (needs_run), and
+    # `summary` of a bare matrix has no such entry.
+    Metric("area_under_curve", mean_area_under_learning_curves, "area under forgetting curves",
+           higher_is_better=False, interval=False, kind="level", needs_run=True),
+)
+
+# `clp run` prints these first, in this order; then every other entry in registry order.
+HEADLINE = ("average_final", "adaptation_gain", "retention_after_2", "average_forgetting",
+            "average_forgetting_including_row0")
+# The comparison tables' metric columns, in order (`clp compare`, analysis/report_comparison.py).
+COMPARISON_TABLE = ("adaptation_gain", "retention_after_2", "average_forgetting", "average_final")
+# (x, y) of the comparison report's scatter, gain against forgetting; both must be in COMPARISON_TABLE
+# (the scatter reads comparison.json's statistics).
+TRADE_OFF = ("adaptation_gain", "average_forgetting")
+for _subset in (HEADLINE, COMPARISON_TABLE):
+    if not set(_subset) <= set(METRICS):
+        raise ValueError(f"metric registry: {sorted(set(_subset) - set(METRICS))} are not registered")
+del _subset
+if not set(TRADE_OFF) <= set(COMPARISON_TABLE):
+    raise ValueError(f"metric registry: the scatter's {list(TRADE_OFF)} must be columns of COMPARISON_TABLE")
+
+
+def report_order() -> list[Metric]:
+    """The registry in `clp run`'s printed order: HEADLINE, then the rest in registry order."""
+    return [METRICS[n] for n in HEADLINE] + [m for m in METRICS.values() if m.name not in HEADLINE]
+
+
+def comparison_columns() -> list[Metric]:
+    """The comparison tables' metrics (COMPARISON_TABLE), in column order."""
+    return [METRICS[n] for n in COMPARISON_TABLE]
+
+
+def summary(results: RunResults | ResultsMatrix) -> dict[str, float | int | str | bool]:
+    """Headline numbers of one run: SUMMARY_FIELDS, then every `METRICS` entry in registry order;
+    the curve metrics (`needs_run`, area_under_curve) only when `results` is a RunResults.
     """
     matrix = results.matrix if isinstance(results, RunResults) else results
     out: dict[str, float | int | str | bool] = {
@@ -266,15 +406,9 @@ def summary(results: RunResults | ResultsMatrix) -> dict[str, float | int | str 
         "lower_is_better": matrix.lower_is_better,
         "experiences_done": last_row(matrix),
         "experiences_total": matrix.num_experiences,
-        "average_final": average_score(matrix),
-        "average_forgetting": average_forgetting(matrix),
-        "backward_transfer": backward_transfer(matrix),
-        "forward_transfer": forward_transfer(matrix),
-        "plasticity": plasticity(matrix),
-        "adaptation_gain": adaptation_gain(matrix),
-        "retention_after_2": retention_after(matrix, 2),
-        "average_forgetting_including_row0": average_forgetting_including_row0(matrix),
     }
-    if isinstance(results, RunResults):
-        out["area_under_curve"] = _mean(list(area_under_learning_curves(results).values()))
+    for m in METRICS.values():
+        if m.needs_run and not isinstance(results, RunResults):
+            continue
+        out[m.name] = m.value(results)
     return out

@@ -15,14 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from analysis import report_plots
+from analysis import metrics, report_plots
 from analysis.report_document import Image, Paragraph, Section, Table, num
 from analysis.report_inputs import ComparisonInput, RunInput
 from analysis.report_run import boundaries
 
-# comparison.json's per-entry statistics, in the order `clp compare` prints them.
-COLUMNS = {"adaptation_gain": ("adaptation gain", True), "retention_after_2": ("retention after 2", False),
-           "average_forgetting": ("average forgetting", True), "average_final": ("final average loss", False)}
+
+def columns() -> dict[str, tuple[str, bool]]:
+    """comparison.json's per-entry statistics, in the order `clp compare` prints them
+    (analysis.metrics.COMPARISON_TABLE): name -> (column head, shown signed)."""
+    return {m.name: (m.column_label, m.signed) for m in metrics.comparison_columns()}
 
 
 def mean_std(stat: dict[str, Any] | None, digits: int = 4, sign: bool = False) -> str:
@@ -48,31 +50,32 @@ def mean_curve(runs: list[RunInput], domain: str) -> list[tuple[int, float]]:
 def comparison_sections(comp: ComparisonInput) -> list[Section]:
     entries = comp.data["entries"]
     seeds = comp.data.get("seeds")
+    table = columns()
     rows = []
     for entry, row in entries.items():
         rows.append([entry, str(row.get("mode")), str(row.get("strategy")), ", ".join(map(str, row.get("seeds", []))),
-                     *[mean_std(row.get(key), sign=signed) for key, (_, signed) in COLUMNS.items()],
+                     *[mean_std(row.get(key), sign=signed) for key, (_, signed) in table.items()],
                      mean_std(row.get("final_perplexity"), 2),
                      f"{num(row.get('relative_compute'), 2)}x", str(row.get("state_bytes"))])
-    columns = ["entry", "mode", "strategy", "seeds", *[label for label, _ in COLUMNS.values()], "final perplexity",
-               "relative compute", "state bytes"]
+    heads = ["entry", "mode", "strategy", "seeds", *[label for label, _ in table.values()], "final perplexity",
+             "relative compute", "state bytes"]
     blocks: list = [
         Paragraph(f"Folder: {comp.path}. Seeds {seeds}; every cell is mean ± std over seeds (sample std; '–' with "
                   "one seed), loss in nats; compute = train + eval time relative to the first entry of the same mode."),
-        Table("comparison-table", columns, rows, "strategies × metrics (comparison.json)"),
+        Table("comparison-table", heads, rows, "strategies × metrics (comparison.json)"),
     ]
     if comp.missing:
         blocks.append(Paragraph(f"Member run folders not found (their curves are left out): {', '.join(comp.missing)}",
                                 note=True))
     blocks += curve_blocks(comp)
-    points = [(entry, _get(row, "adaptation_gain", "mean"), _get(row, "adaptation_gain", "std"),
-               _get(row, "average_forgetting", "mean"), _get(row, "average_forgetting", "std"))
-              for entry, row in entries.items()]
+    x, y = (metrics.METRICS[name] for name in metrics.TRADE_OFF)
+    points = [(entry, _get(row, x.name, "mean"), _get(row, x.name, "std"), _get(row, y.name, "mean"),
+               _get(row, y.name, "std")) for entry, row in entries.items()]
     blocks += [Paragraph("Forgetting against adaptation: right = more gain on the trained domain, down = less "
                          "forgetting; error bars: std over seeds."),
                Image("comparison-scatter.png",
-                     report_plots.scatter_png(points, "adaptation gain (nats)", "average forgetting (nats)"),
-                     "average forgetting against adaptation gain per entry")]
+                     report_plots.scatter_png(points, f"{x.column_label} (nats)", f"{y.column_label} (nats)"),
+                     f"{y.column_label} against {x.column_label} per entry")]
     return [Section("comparison", "Comparison", blocks)]
 
 

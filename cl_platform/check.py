@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -106,4 +106,33 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a {what} must be a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], what: str) -> dict[str, Any]:
+    """`key=value` command-line overrides into a config file's mapping, before it is typed and
+    checked (so a bad value is refused by the same checks as in the file). `key` is a dotted path;
+    a path step may itself hold dots where the mapping has such a key (a sweep's
+    `space.cl.fwpkm.chunk.choices=[64,128]`: the longest existing key wins). The value is YAML."""
+    for item in overrides:
+        key, sep, text = str(item).partition("=")
+        if not sep or not key:
+            raise ConfigError(f"command-line override {item!r}: expected key=value, key a dotted field path of the {what}")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"command line: {key}: value {text!r} is not valid YAML ({yaml_problem(err)})") from None
+        node, rest, where = data, key, []
+        while True:
+            step = max((k for k in node if isinstance(k, str) and (rest == k or rest.startswith(k + "."))),
+                       key=len, default=rest.split(".", 1)[0])
+            where.append(step)
+            rest = rest[len(step) + 1:]
+            if not rest:
+                node[step] = value
+                break
+            child = node.setdefault(step, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"command line: {key}: {'.'.join(where)} is a value, not a section of the {what}")
+            node = child
     return data

@@ -58,16 +58,11 @@ from typing import Any, Sequence
 import yaml
 
 from cl_platform.check import ConfigError, check, is_int, is_number, read_yaml
-from cl_platform.fwpkm import WriteRule
+from cl_platform.constants import PRECISIONS, Precision
+from cl_platform.memory.fwpkm import WriteRule
 from cl_platform.memory_policy import POLICIES
 from cl_platform.model import PRESETS, ModelConfig
 from cl_platform.results import Mode
-
-# "bf16-mixed": the slow weights' matrix multiplies run in bfloat16 under autocast (parameters,
-# optimiser state, losses and the fast-weight memory stay float32); about 1.5x faster on CPUs with
-# native bfloat16 (BENCHMARKS.md). "32-true": everything float32.
-Precision = typing.Literal["32-true", "bf16-mixed"]
-PRECISIONS = typing.get_args(Precision)
 
 __all__ = ["ConfigError", "PretrainConfig", "CLConfig", "StrategyConfig", "RunConfig", "load_config",
            "read_yaml", "to_yaml", "config_hash", "dict_diff"]

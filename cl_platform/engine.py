@@ -32,16 +32,17 @@ training and its row), so the timings in run.json add up over restarts.
 
 Faults: a file that cannot be written (a full disk: checkpoint, results, records) stops the run
 with `RunStopped`, one line naming the file and the last good checkpoint, which the failed write
-left intact; `--resume` once there is room continues from it exactly. One process at a time runs
-a folder: `run.lock` (cl_platform.file_lock) is taken by the caller (experiments/run.py) before
-it looks at the folder, and a folder holding only that file is a folder with nothing in it yet.
+left intact; `--resume` once there is room continues from it exactly. The run folder itself
+(whether to start, resume or refuse it, its run.json, its lock) is cl_platform.run_dir's: the
+caller (experiments/run.py) settles it before the runner starts; the runner writes its checkpoint,
+results and timings into it.
 
 Data parallelism (`cl.devices > 1`, finetune mode): Lightning DDP over CPU processes with gloo,
 each rank training on its shard of the experience. The paper's code lets every rank write its
 own shard into its own memory, so the ranks' fast weights drift apart and which model is being
 evaluated depends on the rank. Here every FwPKM write is summed over the ranks
-(`cl_platform.fwpkm.RankSum`): each rank applies the write one process would make from the whole
-global batch, so all ranks hold the same memory. DDP must then not broadcast buffers
+(`cl_platform.memory.fwpkm.RankSum`): each rank applies the write one process would make from the
+whole global batch, so all ranks hold the same memory. DDP must then not broadcast buffers
 (`broadcast_buffers=False`): rank 0's memory would overwrite the others' every step and hide any
 divergence. After every experience the runner checks that the ranks' memories are identical;
 evaluations run the full eval splits on every rank (no reduction), and rank 0 writes the files.
@@ -51,10 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,22 +63,16 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from cl_platform.atomic import WriteError, atomic_write_json
 from cl_platform.callbacks import RunCallback, TrainingLogger, log_scalars, mark_restart
-from cl_platform.checkpoint import latest_checkpoint, load_latest, save_checkpoint
-from cl_platform.config import RunConfig, dict_diff
+from cl_platform.checkpoint import load_latest, save_checkpoint
+from cl_platform.config import RunConfig
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
 from cl_platform.memory_policy import get_memory_policy
 from cl_platform.model import FwPKMLM
 from cl_platform.provenance import PhaseClock
 from cl_platform.results import ResultsMatrix, RunResults, package_versions, perplexity
+from cl_platform.run_dir import CHECKPOINT, RunDirError, update_run_json
 from cl_platform.strategy import Strategy, StrategyContext
 from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders
-
-CHECKPOINT = Path("checkpoints") / "last.ckpt"
-LOCK = "run.lock"
-
-
-class RunDirError(RuntimeError):
-    """The run folder cannot be used as asked (exists, differs, nothing to resume); nothing was written."""
 
 
 class ContinualRunner:
@@ -376,78 +368,5 @@ class ContinualRunner:
         self.saved_step = self.position.step
 
 
-# --- run folders ----------------------------------------------------------------------------------
-def inspect_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: dict[str, Any],
-                    resume: bool) -> tuple[str, Path | None]:
-    """Decide what to do with a run folder; reads only.
-
-    Returns ("new", None): nothing there yet (with `resume` too: a run killed while its base was
-    pretraining has no folder yet, and the pretraining continues from its own checkpoint);
-    ("resume", checkpoint, or None to start over in the same folder); ("complete", None).
-    Raises RunDirError for a folder of another configuration or an unfinished run without resume.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.exists() or {p.name for p in run_dir.iterdir()} <= {LOCK}:
-        return "new", None
-    try:
-        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-        stored = meta["identity"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise RunDirError(f"{run_dir} exists but is not a run folder (no readable run.json); "
-                          f"choose another folder or delete it") from None
-    current = _as_json(identity)
-    if stored != current:
-        diffs = dict_diff(stored, current)
-        more = f"\n  ... {len(diffs) - 20} more" if len(diffs) > 20 else ""
-        raise RunDirError(
-            f"{run_dir} holds a run of a different configuration (hash {meta.get('config_hash', '?')[:12]}, "
-            f"this config {config_hash[:12]}); nothing was changed. Differences (stored → this config):\n  "
-            + "\n  ".join(diffs[:20]) + more
-        )
-    results = run_dir / "results.json"
-    if results.is_file():
-        try:
-            if RunResults.from_json(results).matrix.is_complete:
-                return "complete", None
-        except ValueError:
-            pass  # unreadable: the checkpoint holds the results too
-    if not resume:
-        raise RunDirError(f"{run_dir} holds an unfinished run; continue it with --resume "
-                          f"(or delete the folder to start over)")
-    return "resume", latest_checkpoint(run_dir / CHECKPOINT)
-
-
-def create_run_dir(run_dir: str | os.PathLike[str], config_hash: str, identity: dict[str, Any], resolved_yaml: str,
-                   record: dict[str, Any] | None = None) -> None:
-    """A new run folder with its resolved config (config.yaml) and identity (run.json); `record`:
-    more for run.json (provenance: code, versions, machine, the base)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(resolved_yaml, encoding="utf-8")
-    atomic_write_json(run_dir / "run.json", {"config_hash": config_hash, "identity": _as_json(identity),
-                                             "command": sys.argv, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                             **_as_json(record or {})})
-
-
-def record_resume(run_dir: str | os.PathLike[str], entry: dict[str, Any]) -> None:
-    """Append to run.json's `resumes` (the command, time and provenance of a process that
-    continues the run: it may run other code or on another machine than the one that began it)."""
-    entry = {"command": sys.argv, "at": time.strftime("%Y-%m-%d %H:%M:%S"), **_as_json(entry)}
-    update_run_json(run_dir, lambda meta: meta.setdefault("resumes", []).append(entry))
-
-
-def update_run_json(run_dir: str | os.PathLike[str], change: Callable[[dict[str, Any]], None]) -> None:
-    """Read run.json (empty if there is none: a runner used outside `create_run_dir`), let
-    `change` edit it in place, write it back atomically."""
-    path = Path(run_dir) / "run.json"
-    meta = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    change(meta)
-    atomic_write_json(path, meta)
-
-
 def _quiet(_: str) -> None:
     pass
-
-
-def _as_json(data: Any) -> Any:
-    return json.loads(json.dumps(data, default=str))

@@ -43,10 +43,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cl_platform.config import PRECISIONS, Precision
-from cl_platform.fwpkm import NonFiniteWriteError
+from cl_platform.constants import IGNORE_INDEX, PRECISIONS, Precision
+from cl_platform.memory.fwpkm import NonFiniteWriteError
 from cl_platform.memory_policy import EvalMemoryPolicy, FrozenMemory, MemorySession
-from cl_platform.model import IGNORE_INDEX, FwPKMLM
+from cl_platform.model import FwPKMLM
 from cl_platform.optim import MixedAdamW
 from cl_platform.strategy import Strategy, StrategyContext
 

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from cl_platform.atomic import atomic_write, atomic_write_json
 from cl_platform.callbacks import RunCallback
-from cl_platform.model import IGNORE_INDEX
+from cl_platform.constants import IGNORE_INDEX
 
 TOP_SLOTS = 8  # slots shown per layer and experience
 EXAMPLES = 5  # writer and reader examples kept per slot

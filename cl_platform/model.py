@@ -33,13 +33,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cl_platform.check import ConfigError, check, is_int, is_number
-from cl_platform.fwpkm import FastWeightState, FwPKM, FwPKMConfig, WriteRule
-from cl_platform.norm import RMSNorm
-from cl_platform.pkm import PKM, PKMConfig
+from cl_platform.constants import IGNORE_INDEX
+from cl_platform.memory.fwpkm import FastWeightState, FwPKM, FwPKMConfig, WriteRule
+from cl_platform.memory.norm import RMSNorm
+from cl_platform.memory.pkm import PKM, PKMConfig
 
 Mixer = Literal["swa", "full"]
-
-IGNORE_INDEX = -100  # target id the loss skips (padding); F.cross_entropy's default
 
 
 @dataclass

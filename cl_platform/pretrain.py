@@ -41,8 +41,9 @@ from cl_platform.atomic import WriteError, atomic_write_json
 from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import latest_checkpoint, load_latest, previous_path, save_checkpoint
 from cl_platform.config import PretrainConfig
+from cl_platform.constants import IGNORE_INDEX
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, mean_loss
-from cl_platform.model import IGNORE_INDEX, FwPKMLM
+from cl_platform.model import FwPKMLM
 from cl_platform.provenance import VERSIONS, base_code, machine
 from cl_platform.results import package_versions
 from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders

@@ -28,26 +28,28 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # The source files whose code decides a base model's weights, relative to PROJECT_ROOT. The base
 # key covers the rest: the resolved configuration (every default included), the packed
-# pretraining tokens and the tokenizer (so not cl_platform/tokenizer.py or the streams modules
-# that load, split and pack text). Not listed either: config.py and check.py (their values are in
-# the key), checkpoint.py, atomic.py, callbacks.py and results.py (files and logging), engine.py,
-# strategy.py and strategies/ (the continual phase only), fwpkm_naive.py (a test reference), and
-# experiments/base.py, experiments/setup.py (they pass configuration values, which the key covers,
-# into the modules below). Listing a file of another package reads its text; it imports nothing.
+# pretraining tokens and the tokenizer (so not streams/tokenizer.py or the streams modules that
+# load, split and pack text). Not listed either: config.py and check.py (their values are in the
+# key), checkpoint.py, atomic.py, callbacks.py, results.py and run_dir.py (files and logging),
+# engine.py, strategy.py and strategies/ (the continual phase only), memory/fwpkm_naive.py (a test
+# reference), and experiments/base.py, experiments/setup.py (they pass configuration values, which
+# the key covers, into the modules below). Listing a file of another package reads its text; it
+# imports nothing.
 BASE_CODE = (
-    "cl_platform/model.py",          # the decoder: architecture, initialisation, forward
-    "cl_platform/fwpkm.py",          # the FwPKM layer: read, chunked writes, initial fast state
-    "cl_platform/product_keys.py",   # the product-key lookup that FwPKM and PKM read through
-    "cl_platform/pkm.py",            # static PKM layers (`model.pkm_layers`)
-    "cl_platform/norm.py",           # RMSNorm, in every block
-    "cl_platform/optim.py",          # MixedAdamW, the pretraining optimiser
-    "cl_platform/lm_module.py",      # the training step: loss, per-step seeds, learning-rate schedule, clipping, precision
-    "cl_platform/memory_policy.py",  # evaluation points during pretraining restore the memory through it
-    "cl_platform/trainer.py",        # the Lightning Trainer every fit runs in
-    "cl_platform/pretrain.py",       # the pretraining loop: which samples each step reads, resume
-    "streams/packing.py",            # segments → input ids and targets (the data fingerprint hashes the tokens only)
-    "streams/scenario.py",           # the pretraining mixture: which splits, concatenated in which order
-    "streams/datamodule.py",         # the seeded order in which pretraining reads the mixture
+    "cl_platform/model.py",                # the decoder: architecture, initialisation, forward
+    "cl_platform/constants.py",            # IGNORE_INDEX: which targets the loss skips (packing writes it)
+    "cl_platform/memory/fwpkm.py",         # the FwPKM layer: read, chunked writes, initial fast state
+    "cl_platform/memory/product_keys.py",  # the product-key lookup that FwPKM and PKM read through
+    "cl_platform/memory/pkm.py",           # static PKM layers (`model.pkm_layers`)
+    "cl_platform/memory/norm.py",          # RMSNorm, in every block
+    "cl_platform/optim.py",                # MixedAdamW, the pretraining optimiser
+    "cl_platform/lm_module.py",            # the training step: loss, per-step seeds, learning-rate schedule, clipping, precision
+    "cl_platform/memory_policy.py",        # evaluation points during pretraining restore the memory through it
+    "cl_platform/trainer.py",              # the Lightning Trainer every fit runs in
+    "cl_platform/pretrain.py",             # the pretraining loop: which samples each step reads, resume
+    "streams/packing.py",                  # segments → input ids and targets (the data fingerprint hashes the tokens only)
+    "streams/scenario.py",                 # the pretraining mixture: which splits, concatenated in which order
+    "streams/datamodule.py",               # the seeded order in which pretraining reads the mixture
 )
 
 # Everything a run's results can depend on; run.json records all of their sources.

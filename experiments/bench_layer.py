@@ -46,8 +46,8 @@ def _worker(spec: dict) -> dict:
     import torch
     from torch import nn
 
-    from cl_platform.fwpkm import FwPKM, FwPKMConfig, WriteRule, zscore
-    from cl_platform.fwpkm_naive import naive_fwpkm
+    from cl_platform.memory.fwpkm import FwPKM, FwPKMConfig, WriteRule, zscore
+    from cl_platform.memory.fwpkm_naive import naive_fwpkm
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])

@@ -49,8 +49,8 @@ def equal_active_mlp_ratio() -> float:
 
 
 def _module(precision: str, layers: dict | None = None):
-    from cl_platform.fwpkm import WriteRule
     from cl_platform.lm_module import LMModule, OptimSettings
+    from cl_platform.memory.fwpkm import WriteRule
     from cl_platform.model import FwPKMLM, ModelConfig
 
     torch.manual_seed(0)

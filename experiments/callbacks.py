@@ -12,7 +12,7 @@ import math
 import sys
 import time
 
-from analysis.metrics import summary
+from analysis.metrics import METRICS, summary
 from analysis.plots import heatmap_figure
 from cl_platform.callbacks import RunCallback
 from cl_platform.engine import ContinualRunner
@@ -83,11 +83,10 @@ class HparamsSummary(RunCallback):
             [(f"strategy[{i}]", s) for i, s in enumerate(cfg.strategy)]
         params.update({f"{where}.{k}": v for where, s in members for k, v in s.kwargs.items()
                        if isinstance(v, (int, float, str, bool))})
-        metrics = {
-            f"final/{key}": value
-            for key, value in summary(runner.results).items()
-            if isinstance(value, float) and math.isfinite(value)
-        }
+        # The registry's metrics (analysis.metrics.METRICS) in summary order, the finite ones.
+        s = summary(runner.results)
+        metrics = {f"final/{name}": s[name] for name in METRICS
+                   if isinstance(s.get(name), float) and math.isfinite(s[name])}
         runner.logger.log_hyperparams(params, metrics=metrics, step=runner.position.step)
 
 

@@ -24,12 +24,14 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from analysis.metrics import COMPARISON_TABLE, METRICS as REGISTRY
 from cl_platform.atomic import atomic_write_json, atomic_write_text
-from cl_platform.check import ConfigError, check, from_mapping, is_int, read_yaml
+from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, read_yaml
 
-METRICS = ("adaptation_gain", "retention_after_2", "average_forgetting", "average_final")
+# The table's metric columns, in order: the registry's comparison subset (analysis.metrics).
+METRICS = COMPARISON_TABLE
 
 
 @dataclass
@@ -62,9 +64,9 @@ class Comparison:
 
 
 def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | None = None,
-         base_seeds: list[int] | None = None) -> Comparison:
+         base_seeds: list[int] | None = None, overrides: Sequence[str] = ()) -> Comparison:
     path = Path(path)
-    data = read_yaml(path, "comparison config")
+    data = apply_overrides(read_yaml(path, "comparison config"), overrides, "comparison config")
     if seeds is not None:
         data["seeds"] = seeds
     if base_seeds is not None:
@@ -173,8 +175,8 @@ def to_csv(table: dict[str, dict[str, Any]]) -> str:
 
 
 def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds: list[int] | None = None) -> str:
-    heads = ["adaptation gain", "retention after 2", "avg forgetting", "final avg loss", "final ppl",
-             "compute", "state"]
+    # The registry's column heads, "average" abbreviated to fit the 20-character columns.
+    heads = [*[REGISTRY[m].column_label.replace("average", "avg") for m in METRICS], "final ppl", "compute", "state"]
     over = f"seeds {seeds}" if base_seeds is None else f"base seeds {base_seeds} x seeds {seeds}"
     lines = [f"strategies, mean ± std over {over} (loss in nats; compute: train + eval time relative to "
              f"the first entry of the same mode)",
@@ -188,7 +190,7 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
     return "\n".join(lines)
 
 
-def main(config: str, seeds: list[int] | None = None, entries: list[str] | None = None,
-         base_seeds: list[int] | None = None) -> int:
-    run(load(config, seeds, entries, base_seeds))
+def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,
+         entries: list[str] | None = None, base_seeds: list[int] | None = None) -> int:
+    run(load(config, seeds, entries, base_seeds, overrides))
     return 0

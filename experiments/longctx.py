@@ -31,9 +31,9 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from cl_platform.check import ConfigError, check, from_mapping, is_int, read_yaml
+from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, read_yaml
 
 MODEL_FIELDS = ("fwpkm_layers", "pkm_layers")  # what a variant may change: where the memories sit
 SETTINGS = ("off", "on")
@@ -68,11 +68,13 @@ class LongContextExperiment:
         check(is_int(self.bootstrap_samples, 1), self, "bootstrap_samples", "must be a positive int")
 
 
-def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] | None = None) -> LongContextExperiment:
-    """The experiment in a YAML file; `base` becomes a path relative to it; `seeds` replaces the
-    file's; `variants` keeps only those of the file's variants (the reference among them)."""
+def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] | None = None,
+         overrides: Sequence[str] = ()) -> LongContextExperiment:
+    """The experiment in a YAML file with `key=value` overrides; `base` becomes a path relative to
+    it; `seeds` replaces the file's; `variants` keeps only those of the file's variants (the
+    reference among them)."""
     path = Path(path)
-    data = read_yaml(path, "long-context config")
+    data = apply_overrides(read_yaml(path, "long-context config"), overrides, "long-context config")
     if seeds is not None:
         data["seeds"] = seeds
     from experiments.seeds import keep_named
@@ -112,7 +114,7 @@ def score(setup, weights: dict, split: str, edges: list[int]) -> dict[str, dict[
     import torch.nn.functional as F
 
     from analysis.positions import bucket_document_sums
-    from cl_platform.model import IGNORE_INDEX
+    from cl_platform.constants import IGNORE_INDEX
     from experiments.setup import build_model
 
     cfg = setup.config
@@ -313,6 +315,7 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, seeds: list[int] | None = None, variants: list[str] | None = None) -> int:
-    run(load(config, seeds, variants))
+def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,
+         variants: list[str] | None = None) -> int:
+    run(load(config, seeds, variants, overrides))
     return 0

@@ -37,9 +37,9 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from cl_platform.check import ConfigError, check, from_mapping, is_int, is_number, read_yaml
+from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, is_number, read_yaml
 
 MODEL_KEYS = ("variant", "finetune", "rule")
 
@@ -60,7 +60,7 @@ class NeedleExperiment:
     runs_root: str | None = None
 
     def __post_init__(self) -> None:
-        from cl_platform.fwpkm import WriteRule
+        from cl_platform.memory.fwpkm import WriteRule
         from streams.needles import NeedleConfig
 
         try:
@@ -87,10 +87,12 @@ class NeedleExperiment:
               self, "seeds", "must be a non-empty list of distinct ints")
 
 
-def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | None = None) -> NeedleExperiment:
-    """The experiment in a YAML file; `seeds` replaces the file's; `models` keeps only those."""
+def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | None = None,
+         overrides: Sequence[str] = ()) -> NeedleExperiment:
+    """The experiment in a YAML file with `key=value` overrides; `seeds` replaces the file's;
+    `models` keeps only those."""
     path = Path(path)
-    data = read_yaml(path, "needle config")
+    data = apply_overrides(read_yaml(path, "needle config"), overrides, "needle config")
     if seeds is not None:
         data["seeds"] = seeds
     from experiments.seeds import keep_named
@@ -159,8 +161,8 @@ def finetune(model, exp: NeedleExperiment, rule, source, tokenizer, seed: int, p
     import torch
     from torch.utils.data import DataLoader
 
+    from cl_platform.constants import IGNORE_INDEX
     from cl_platform.lm_module import LMModule, OptimSettings
-    from cl_platform.model import IGNORE_INDEX
     from cl_platform.trainer import make_trainer, quiet_lightning
     from streams.needles import make_episode
 
@@ -350,6 +352,7 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, seeds: list[int] | None = None, models: list[str] | None = None) -> int:
-    run(load(config, seeds, models))
+def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,
+         models: list[str] | None = None) -> int:
+    run(load(config, seeds, models, overrides))
     return 0

@@ -21,9 +21,9 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from cl_platform.check import check, from_mapping, is_int, is_number, read_yaml
+from cl_platform.check import apply_overrides, check, from_mapping, is_int, is_number, read_yaml
 from streams.recall import RecallConfig
 
 # fwpkm: the same model with an FwPKM layer at `fwpkm_layer`. The paper's ablations, one change
@@ -72,16 +72,17 @@ class RecallExperiment:
             self.recall_config.check_distance(d)
 
 
-def load(path: str | Path, seeds: list[int] | None = None) -> RecallExperiment:
-    """The experiment in a YAML file (fields of RecallExperiment); `seeds` replaces the file's."""
-    data = read_yaml(path, "recall config")
+def load(path: str | Path, seeds: list[int] | None = None, overrides: Sequence[str] = ()) -> RecallExperiment:
+    """The experiment in a YAML file (fields of RecallExperiment) with `key=value` overrides;
+    `seeds` replaces the file's."""
+    data = apply_overrides(read_yaml(path, "recall config"), overrides, "recall config")
     if seeds is not None:
         data["seeds"] = seeds
     return from_mapping(RecallExperiment, data, f"recall config {path}", whole_file=True)
 
 
 def model_config(exp: RecallExperiment, variant: str):
-    from cl_platform.fwpkm import FwPKMConfig
+    from cl_platform.memory.fwpkm import FwPKMConfig
     from cl_platform.model import ModelConfig
 
     kind, change = ABLATIONS.get(variant, ("", {}))
@@ -96,11 +97,12 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     import torch
     from torch.utils.data import DataLoader
 
-    from cl_platform.fwpkm import WriteRule
+    from cl_platform.constants import IGNORE_INDEX
     from cl_platform.lm_module import LMModule, OptimSettings
+    from cl_platform.memory.fwpkm import WriteRule
     from cl_platform.model import FwPKMLM
     from cl_platform.trainer import make_trainer, quiet_lightning
-    from streams.recall import IGNORE_INDEX, recall_batch
+    from streams.recall import recall_batch
 
     quiet_lightning()
     cfg = exp.recall_config
@@ -193,6 +195,6 @@ def table(exp: RecallExperiment, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(config: str, seeds: list[int] | None = None) -> int:
-    run(load(config, seeds))
+def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None) -> int:
+    run(load(config, seeds, overrides))
     return 0

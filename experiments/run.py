@@ -54,8 +54,8 @@ def execute(
     """Everything `clp run` does but printing the final report: (run folder, results, runner or
     None when the run was already complete). `reuse_stale_base`: use a base built by other code
     instead of rebuilding (cached) or refusing (base_checkpoint) it; run.json records it."""
-    from cl_platform.engine import CHECKPOINT, LOCK, RunDirError
     from cl_platform.file_lock import FileLock
+    from cl_platform.run_dir import CHECKPOINT, LOCK, RunDirError
 
     setup = load_setup(config, overrides)
     strategy = make_strategy(setup)  # an unknown strategy fails before anything is trained
@@ -84,7 +84,7 @@ def execute(
     # One process runs a folder: the lock is taken before the folder is looked at, so two commands
     # started together cannot both decide to create, or to resume, the same run.
     with FileLock(folder / LOCK, f"run folder {folder}", on_takeover=say):
-        from cl_platform.engine import inspect_run_dir
+        from cl_platform.run_dir import inspect_run_dir
 
         state, resume_from = inspect_run_dir(folder, run_hash, fields, resume)
         return _execute(setup, strategy, weights, base, fields, run_hash, name, folder, state, resume_from,
@@ -94,8 +94,9 @@ def execute(
 def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | None, fields: dict, run_hash: str,
              name: str, folder: Path, state: str, resume_from: Path | None, progress_bar: bool,
              say: Callable[[str], None], callbacks: list | None, reuse_stale_base: bool) -> tuple[Path, RunResults, Any]:
-    from cl_platform.engine import ContinualRunner, create_run_dir, record_resume
+    from cl_platform.engine import ContinualRunner
     from cl_platform.provenance import session
+    from cl_platform.run_dir import create_run_dir, record_resume
     from experiments.callbacks import default_callbacks
 
     cfg = setup.config
@@ -176,7 +177,7 @@ def perplexity_matrix(matrix: ResultsMatrix) -> ResultsMatrix:
 
 
 def report(folder: Path, results: RunResults) -> str:
-    from analysis.metrics import summary
+    from analysis.metrics import report_order, summary
     from analysis.table import format_table
 
     s = summary(results)
@@ -190,19 +191,9 @@ def report(folder: Path, results: RunResults) -> str:
         "forgetting summary (loss; positive forgetting = worse than the best seen, positive "
         "gain/BWT/FWT/plasticity = better; retention is a fraction of the gain):",
     ]
-    labels = {
-        "average_final": "average final loss",
-        "adaptation_gain": "adaptation gain (vs row 0)",
-        "retention_after_2": "gain left 2 experiences later",
-        "average_forgetting": "average forgetting",
-        "average_forgetting_including_row0": "forgetting from best incl. row 0",
-        "backward_transfer": "backward transfer",
-        "forward_transfer": "forward transfer",
-        "plasticity": "plasticity",
-        "area_under_curve": "area under forgetting curves",
-    }
     ci = _intervals(results)
-    for key, label in labels.items():
+    for metric in report_order():  # the registry (analysis.metrics.METRICS), headline numbers first
+        key, label = metric.name, metric.label
         value = s.get(key, math.nan)
         extra = f"  (ppl {math.exp(value):.1f})" if key == "average_final" else ""
         if ci is not None and key in ci["metrics"]:

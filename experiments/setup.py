@@ -29,7 +29,7 @@ import torch
 from cl_platform.check import ConfigError
 from cl_platform.checkpoint import model_config_dict
 from cl_platform.config import FINETUNE_ONLY, CLConfig, PretrainConfig, RunConfig, config_hash, load_config
-from cl_platform.fwpkm import WriteRule
+from cl_platform.memory.fwpkm import WriteRule
 from cl_platform.model import FwPKMLM, ModelConfig
 
 # Fields that say where things are, not what is computed (the order is in the data fingerprint).

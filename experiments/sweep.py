@@ -14,7 +14,7 @@ split, so that choosing settings never reads the eval split the tables quote (a 
 `cl.eval_split` is refused). The run goes to `<sweep dir>/trials/<trial number>/`, reuses the run
 config's one cached base model (space entries that would change the base, `model.*` and
 `pretrain.*`, are refused), and resumes if that folder holds an unfinished run. The objective is
-computed from `analysis.metrics.summary` (`METRICS`: its scalar entries); the trial records its
+computed from `analysis.metrics.summary` (its metrics: `analysis.metrics.METRICS`); the trial records its
 run folder, overrides and every summary metric as user attributes.
 
 Concurrency: every worker (this process, `--workers` extras, or `clp sweep` started by hand on
@@ -42,11 +42,11 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from cl_platform.check import ConfigError
 from cl_platform.file_lock import FileLock, FolderBusy
-from experiments.sweep_config import METRICS, Sweep, check_runs, check_storage, check_study, load, storage_url, \
+from experiments.sweep_config import Sweep, check_runs, check_storage, check_study, load, storage_url, \
     sweep_dir
 
 MAX_FAILURES = 3
@@ -101,7 +101,7 @@ class TrialObjective:
     def __call__(self, trial: Any) -> float | tuple[float, ...]:
         import optuna
 
-        from analysis.metrics import summary
+        from analysis.metrics import METRICS, summary
         from experiments.run import execute
         from experiments.sweep_pruning import CurvePruning
 
@@ -206,7 +206,8 @@ class SweepError(RuntimeError):
     """The sweep cannot go on (trials keep failing, a worker failed)."""
 
 
-def spawn_workers(path: Path, sweep: Sweep, url: str, count: int, out: Path, say: Callable[[str], None]) -> list:
+def spawn_workers(path: Path, sweep: Sweep, url: str, count: int, out: Path, say: Callable[[str], None],
+                  overrides: Sequence[str] = ()) -> list:
     """`count` more `clp sweep` processes on the same file and study; their output goes to
     <sweep dir>/workers/worker-<i>.log."""
     logs = out / "workers"
@@ -214,7 +215,7 @@ def spawn_workers(path: Path, sweep: Sweep, url: str, count: int, out: Path, say
     procs = []
     for i in range(1, count + 1):
         log = open(logs / f"worker-{i}.log", "w")
-        cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(path), "--trials", str(sweep.trials),
+        cmd = [sys.executable, "-m", "experiments.cli", "sweep", str(path), *overrides, "--trials", str(sweep.trials),
                "--storage", url, "--worker-index", str(i)]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
         say(f"worker {i}: pid {procs[-1][0].pid}, log {logs / f'worker-{i}.log'}")
@@ -222,11 +223,12 @@ def spawn_workers(path: Path, sweep: Sweep, url: str, count: int, out: Path, say
 
 
 def run(path: str | Path, trials: int | None = None, workers: int = 1, storage: str | None = None,
-        worker_index: int = 0, say: Callable[[str], None] = print) -> tuple[Path, Any]:
+        worker_index: int = 0, say: Callable[[str], None] = print, overrides: Sequence[str] = ()) -> tuple[Path, Any]:
     """Check everything, create or continue the study, run trials (with `workers` - 1 extra
-    processes), then write the reports (not in extra workers). Returns (sweep dir, study)."""
+    processes, given the same `key=value` overrides), then write the reports (not in extra
+    workers). Returns (sweep dir, study)."""
     path = Path(path)
-    sweep = load(path, trials, storage)
+    sweep = load(path, trials, storage, overrides)
     where = f"sweep config {path}"
     if workers < 1:
         raise ConfigError(f"--workers {workers}: must be >= 1", field="workers")
@@ -244,7 +246,7 @@ def run(path: str | Path, trials: int | None = None, workers: int = 1, storage: 
     study = create_study(sweep, store, worker_index)
     say(f"sweep {sweep.name}: study in {url}, {counted(study)} of {sweep.trials} trials there; "
         f"objective {sweep.objective.describe()} on the dev split; outputs in {out}/")
-    procs = spawn_workers(path, sweep, url, workers - 1, out, say) if workers > 1 else []
+    procs = spawn_workers(path, sweep, url, workers - 1, out, say, overrides) if workers > 1 else []
     try:
         optimize(sweep, study, out, say)
     except BaseException:
@@ -266,7 +268,7 @@ def run(path: str | Path, trials: int | None = None, workers: int = 1, storage: 
     return out, study
 
 
-def main(config: str, trials: int | None = None, workers: int = 1, storage: str | None = None,
-         worker_index: int = 0) -> int:
-    run(config, trials, workers, storage, worker_index)
+def main(config: str, overrides: Sequence[str] = (), trials: int | None = None, workers: int = 1,
+         storage: str | None = None, worker_index: int = 0) -> int:
+    run(config, trials, workers, storage, worker_index, overrides=overrides)
     return 0

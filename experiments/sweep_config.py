@@ -29,7 +29,7 @@ paths the run config does not have (each entry's bounds or choices are loaded th
 config; `strategy.kwargs.*`, a free mapping, also through the strategy's constructor), paths that
 would change the base model or where runs go (`model.*`, `pretrain.*`, `stream`, ...: every
 trial must reuse the run config's one cached base), bad distributions, metrics `summary` does not
-record (`METRICS`), pruning a multi-objective study, a database that cannot be reached, and a
+record (`metric_names()`), pruning a multi-objective study, a database that cannot be reached, and a
 study of the same name whose space or objective differs (stored as a study user attribute).
 """
 
@@ -39,11 +39,11 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
-from cl_platform.check import ConfigError, check, check_keys, is_int, is_number, read_yaml
+from cl_platform.check import ConfigError, apply_overrides, check, check_keys, is_int, is_number, read_yaml
 
 FORBIDDEN = ("model", "pretrain", "base_checkpoint", "stream", "runs_root", "name", "order", "cl.eval_split")
 DIRECTIONS = ("minimize", "maximize")
@@ -55,18 +55,11 @@ def forbidden(path: str) -> bool:
 
 
 def metric_names() -> tuple[str, ...]:
-    """The scalar entries of `analysis.metrics.summary`: what an objective may name."""
-    from analysis.metrics import summary
-    from cl_platform.results import ResultsMatrix, RunResults
+    """What an objective may name: the metrics `analysis.metrics.summary` records (its registry
+    `analysis.metrics.METRICS`), in summary order."""
+    from analysis.metrics import METRICS
 
-    matrix = ResultsMatrix.empty(["d"], ["d"])
-    matrix.record(0, "d", 1.0)
-    matrix.record(1, "d", 0.5)
-    results = RunResults(matrix=matrix, config_hash="-", seed=0, mode="fast", memory_policy="frozen", strategy="-")
-    return tuple(k for k, v in summary(results).items() if isinstance(v, float))
-
-
-METRICS = metric_names()
+    return tuple(METRICS)
 
 
 @dataclass
@@ -142,9 +135,10 @@ class Objective:
                   and all(d in DIRECTIONS for d in self.directions), self, "directions",
                   f"must give one of {list(DIRECTIONS)} per metric")
             names = self.metrics
-        unknown = [m for m in names if m not in METRICS]
+        known = metric_names()
+        unknown = [m for m in names if m not in known]
         check(not unknown, self, "terms" if self.terms is not None else "metrics",
-              f"names unknown metric(s) {unknown}; recorded metrics (analysis.metrics.summary): {list(METRICS)}")
+              f"names unknown metric(s) {unknown}; recorded metrics (analysis.metrics.summary): {list(known)}")
 
     @property
     def is_multi(self) -> bool:
@@ -266,10 +260,12 @@ def _part(cls: type, data: Any, where: str) -> Any:
         raise ConfigError(f"{where}.{err.field}: {err}", field=f"{where}.{err.field}") from None
 
 
-def load(path: str | Path, trials: int | None = None, storage: str | None = None) -> Sweep:
-    """The sweep file with `--trials` / `--storage` applied; errors name the file and field."""
+def load(path: str | Path, trials: int | None = None, storage: str | None = None,
+         overrides: Sequence[str] = ()) -> Sweep:
+    """The sweep file with `key=value` overrides, then `--trials` / `--storage`, applied; errors
+    name the file and field."""
     path = Path(path)
-    data = read_yaml(path, "sweep config")
+    data = apply_overrides(read_yaml(path, "sweep config"), overrides, "sweep config")
     where = f"sweep config {path}"
     check_keys(Sweep, data, where)
     for name in ("run", "name", "space", "objective"):

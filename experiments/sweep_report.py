@@ -84,7 +84,7 @@ def write_pareto(sweep: Any, front: list, out: Path, say: Callable[[str], None])
 
 
 def trials_csv(sweep: Any, trials: list) -> str:
-    from experiments.sweep_config import METRICS
+    from analysis.metrics import METRICS
 
     objective = sweep.objective
     value_names = [f"value_{m}" for m in objective.metrics] if objective.is_multi else ["value"]

@@ -36,8 +36,8 @@ AFTER = ("keep", "reset")
 
 def chosen_parameters(model, which: str) -> tuple[list, list]:
     """(dense, sparse) parameters that learn under `which`."""
+    from cl_platform.memory.pkm import PKM
     from cl_platform.model import MLP
-    from cl_platform.pkm import PKM
 
     if which == "mlp":
         dense = [p for m in model.modules() if isinstance(m, MLP) for p in m.parameters()]
@@ -140,7 +140,7 @@ class Distill(Strategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != {"before", "losses"}:
             raise ValueError(f"distill: state has keys {sorted(state)}, expected ['before', 'losses']")
-        from cl_platform.fwpkm import FastWeightState
+        from cl_platform.memory.fwpkm import FastWeightState
 
         self.before = None if state["before"] is None else [FastWeightState(*s) for s in state["before"]]
         self.losses = [list(ls) for ls in state["losses"]]

@@ -25,7 +25,7 @@ from cl_platform.strategy import Batch, Strategy, StrategyContext
 
 
 def _dense_params(model) -> dict[str, torch.nn.Parameter]:
-    from cl_platform.pkm import PKM
+    from cl_platform.memory.pkm import PKM
 
     sparse = {id(m.values.weight) for m in model.modules() if isinstance(m, PKM) and hasattr(m, "values")}
     return {n: p for n, p in model.named_parameters() if p.requires_grad and id(p) not in sparse}

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cl_platform.model import IGNORE_INDEX
+from cl_platform.constants import IGNORE_INDEX
 from cl_platform.strategy import Batch, Strategy, StrategyContext
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cl_platform.product_keys import product_key_lookup
+from cl_platform.memory.product_keys import product_key_lookup
 from cl_platform.strategy import Batch, Strategy, StrategyContext
 from strategies.slot_freezing import check_slot_choice, slot_scores
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from cl_platform.model import IGNORE_INDEX  # the padding target the model's loss skips
+from cl_platform.constants import IGNORE_INDEX  # the padding target the model's loss skips
 
 PIPELINE_VERSION = "1"  # bump when the output of tokenise/pack changes for identical inputs
 

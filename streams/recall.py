@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cl_platform.model import IGNORE_INDEX  # the target the model's loss skips
+from cl_platform.constants import IGNORE_INDEX  # the target the model's loss skips
 
 RESERVED = 2
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from avalanche.benchmarks.scenarios import CLScenario, DatasetExperience, EagerCLStream
 from avalanche.benchmarks.utils import AvalancheDataset
 
-from cl_platform.tokenizer import Tokenizer, load_tokenizer
 from streams.datamodule import segment_loader
 from streams.stream import DomainData, SplitData, StreamConfig, load_domains, load_stream_config
+from streams.tokenizer import Tokenizer, load_tokenizer
 
 
 class SplitExperience(DatasetExperience):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -70,11 +71,11 @@ def format_report(config, domains, tokenizer, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def main(config: str) -> int:
-    from cl_platform.tokenizer import load_tokenizer
+def main(config: str, overrides: Sequence[str] = ()) -> int:
     from streams.stream import load_domains, load_stream_config
+    from streams.tokenizer import load_tokenizer
 
-    cfg = load_stream_config(config)
+    cfg = load_stream_config(config, overrides)
     tokenizer = load_tokenizer(cfg.tokenizer)
     t0 = time.perf_counter()
     domains = load_domains(cfg, tokenizer)

@@ -19,14 +19,14 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
-from cl_platform.tokenizer import Tokenizer, load_tokenizer
 from streams.packing import PackedSegments, pack_split, tokenize_documents
-from cl_platform.check import ConfigError, check_keys, from_mapping, read_yaml
+from cl_platform.check import ConfigError, apply_overrides, check_keys, from_mapping, read_yaml
 from streams.sources import DomainConfig, load_documents
 from streams.splits import SplitPlan, TokenBudget, adapt_part_name, plan_splits
+from streams.tokenizer import Tokenizer, load_tokenizer
 
 
 def default_cache_dir() -> Path:
@@ -100,9 +100,10 @@ class StreamConfig:
         return cls(**data)
 
 
-def load_stream_config(path: str | Path) -> StreamConfig:
+def load_stream_config(path: str | Path, overrides: Sequence[str] = ()) -> StreamConfig:
+    """A stream YAML with `key=value` overrides (`seq_len=256`, `token_budget.adapt=1024`)."""
     path = Path(path)
-    data = read_yaml(path, "stream config")
+    data = apply_overrides(read_yaml(path, "stream config"), overrides, "stream config")
     try:
         return StreamConfig.from_dict(data, base_dir=path.resolve().parent)
     except ValueError as e:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from cl_platform.check import ConfigError
-from cl_platform.tokenizer import SHIPPED_PATH, train_tokenizer
+from streams.tokenizer import SHIPPED_PATH, train_tokenizer
 
 CHARS_PER_DOMAIN = 1_500_000
 SAMPLE_SEED = 0  # must equal StreamConfig.seed of the default stream (see module docstring)

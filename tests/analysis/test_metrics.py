@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from analysis import metrics
+from analysis.bootstrap import bootstrap
+from analysis.report_comparison import columns as comparison_report_columns
 from analysis.table import format_table
 from cl_platform.results import ResultsMatrix, RunResults
 
@@ -318,3 +320,148 @@ def test_format_table():
         "2 law                  2.60  2.20*",
         "3 math                    -*    -",
     ]
+
+
+# --- the registry (analysis.metrics.METRICS) ---------------------------------------------------------
+def test_every_registry_entry_is_in_summary_with_its_functions_value():
+    run = _run()
+    s = metrics.summary(run)
+    # The order every output keeps (comparison.json, trials.csv, the report's summary table).
+    assert list(metrics.METRICS) == [
+        "average_final", "average_forgetting", "backward_transfer", "forward_transfer", "plasticity",
+        "adaptation_gain", "retention_after_2", "average_forgetting_including_row0", "area_under_curve",
+    ]
+    assert list(s) == [*metrics.SUMMARY_FIELDS, *metrics.METRICS]
+    by_hand = {"average_final": 8.5 / 3, "average_forgetting": 1.25, "backward_transfer": -1.0,
+               "forward_transfer": 0.5, "plasticity": 2.5, "adaptation_gain": 8.5 / 3, "retention_after_2": 0.25,
+               "average_forgetting_including_row0": 1.25, "area_under_curve": (3.0 + 5.0) / 2}
+    for name, m in metrics.METRICS.items():
+        assert m.name == name
+        assert s[name] == pytest.approx(m.fn(run if m.needs_run else LOSS))
+        assert s[name] == pytest.approx(by_hand[name])
+    # Only the curve metric needs the run; a bare matrix's summary leaves it out, the rest unchanged.
+    assert [n for n, m in metrics.METRICS.items() if m.needs_run] == ["area_under_curve"]
+    s_matrix = metrics.summary(LOSS)
+    assert list(s_matrix) == [*metrics.SUMMARY_FIELDS, *[n for n in metrics.METRICS if n != "area_under_curve"]]
+    assert s_matrix == pytest.approx({k: v for k, v in s.items() if k != "area_under_curve"})
+    with pytest.raises(TypeError, match="RunResults"):
+        metrics.METRICS["area_under_curve"].value(LOSS)
+
+
+def test_registry_labels_and_orders_of_the_printed_and_comparison_tables():
+    # `clp run`'s printed lines (experiments/run.py:report), in their order.
+    assert [(m.name, m.label) for m in metrics.report_order()] == [
+        ("average_final", "average final loss"),
+        ("adaptation_gain", "adaptation gain (vs row 0)"),
+        ("retention_after_2", "gain left 2 experiences later"),
+        ("average_forgetting", "average forgetting"),
+        ("average_forgetting_including_row0", "forgetting from best incl. row 0"),
+        ("backward_transfer", "backward transfer"),
+        ("forward_transfer", "forward transfer"),
+        ("plasticity", "plasticity"),
+        ("area_under_curve", "area under forgetting curves"),
+    ]
+    # The comparison report's columns: head and whether the cell is signed (changes are, a level and a
+    # fraction are not).
+    assert comparison_report_columns() == {
+        "adaptation_gain": ("adaptation gain", True), "retention_after_2": ("retention after 2", False),
+        "average_forgetting": ("average forgetting", True), "average_final": ("final average loss", False),
+    }
+    assert [m.name for m in metrics.comparison_columns()] == list(metrics.COMPARISON_TABLE)
+
+
+def _run_with_docs(values: np.ndarray, docs: int = 20, seed: int = 0) -> RunResults:
+    """A run whose matrix is exactly `values` (loss, order a → b → c), from `docs` documents of 100
+    tokens per domain: each document is the cell plus a per-document offset (mean 0, the same in
+    every row)."""
+    rng = np.random.default_rng(seed)
+    domains = ["a", "b", "c"][: values.shape[1]]
+    offset = rng.normal(0, 0.5, size=(len(domains), docs))
+    offset -= offset.mean(axis=1, keepdims=True)
+    doc_losses = {str(t): {d: [[float((values[t, j] + offset[j, k]) * 100), 100] for k in range(docs)]
+                           for j, d in enumerate(domains)} for t in range(values.shape[0])}
+    matrix = ResultsMatrix(domains, domains[: values.shape[0] - 1], values)
+    return RunResults(matrix=matrix, config_hash="h", seed=0, mode="fast", memory_policy="frozen", strategy="naive",
+                      doc_losses=doc_losses, curves={"a": [(0, 4.0), (10, 2.0)]})
+
+
+def test_bootstrap_intervals_exactly_for_interval_entries():
+    run = _run_with_docs(LOSS.values)
+    ci = bootstrap(run, samples=200, seed=0)
+    with_interval = [n for n, m in metrics.METRICS.items() if m.interval]
+    assert set(with_interval) == {"average_final", "adaptation_gain", "average_forgetting",
+                                  "average_forgetting_including_row0", "retention_after_2"}
+    assert list(ci["metrics"]) == with_interval
+    s = metrics.summary(run)
+    for name in with_interval:
+        point = ci["metrics"][name]
+        assert point["value"] == pytest.approx(s[name])
+        assert point["low"] <= point["high"]
+    assert ci["metrics"]["average_forgetting"]["value"] == pytest.approx(1.25)
+    assert ci["metrics"]["retention_after_2"]["value"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="cannot have an interval"):
+        metrics.Metric("curvy", metrics.mean_area_under_learning_curves, "curvy", False, interval=True, kind="level",
+                       needs_run=True)
+    with pytest.raises(ValueError, match="kind"):
+        metrics.Metric("odd", metrics.average_score, "odd", False, interval=False, kind="ratio")
+
+
+# Order a → b → c. GOOD learns every domain and keeps it; BAD learns less, hurts the domains it does
+# not train (negative forward transfer) and forgets what it learned (a's final 5.0 against its best 4.0).
+GOOD = np.array([[5.0, 5.0, 5.0], [3.0, 4.0, 5.0], [3.0, 2.0, 4.5], [3.0, 2.0, 2.0]])
+BAD = np.array([[5.0, 5.0, 5.0], [4.0, 5.5, 5.0], [4.5, 3.0, 5.5], [5.0, 4.0, 3.5]])
+GOOD_CURVE, BAD_CURVE = [(0, 5.0), (10, 3.0)], [(0, 5.0), (10, 4.0)]
+
+
+def _oriented_run(values: np.ndarray, curve: list, lower_is_better: bool) -> RunResults:
+    sign = 1.0 if lower_is_better else -1.0
+    matrix = ResultsMatrix(["a", "b", "c"], ["a", "b", "c"], sign * values,
+                           "loss" if lower_is_better else "accuracy", lower_is_better)
+    return RunResults(matrix=matrix, config_hash="h", seed=0, mode="fast", memory_policy="frozen", strategy="naive",
+                      curves={"a": [(step, sign * v) for step, v in curve]})
+
+
+@pytest.mark.parametrize("lower_is_better", [True, False], ids=["loss", "accuracy"])
+def test_registry_directions_agree_with_a_run_known_to_be_worse(lower_is_better):
+    good = metrics.summary(_oriented_run(GOOD, GOOD_CURVE, lower_is_better))
+    bad = metrics.summary(_oriented_run(BAD, BAD_CURVE, lower_is_better))
+    # BAD's later rows are worse: it forgets (F > 0, and lower forgetting is better) and its BWT is negative.
+    assert bad["average_forgetting"] == pytest.approx(1.0)
+    assert bad["average_forgetting_including_row0"] == pytest.approx(1.0)
+    assert good["average_forgetting"] == pytest.approx(0.0)
+    assert metrics.METRICS["average_forgetting"].higher_is_better is False
+    assert bad["backward_transfer"] == pytest.approx(-1.0)
+    assert metrics.METRICS["backward_transfer"].higher_is_better is True
+    assert (good["forward_transfer"], bad["forward_transfer"]) == pytest.approx((0.75, -0.5))
+    assert (good["plasticity"], bad["plasticity"]) == pytest.approx((6.5 / 3, 5.5 / 3))
+    assert (good["adaptation_gain"], bad["adaptation_gain"]) == pytest.approx((8.0 / 3, 1.5))
+    assert (good["retention_after_2"], bad["retention_after_2"]) == pytest.approx((1.0, 0.0))
+    # Levels are in metric units: a loss (lower is better), or an accuracy (higher is better).
+    sign = 1.0 if lower_is_better else -1.0
+    assert (good["average_final"], bad["average_final"]) == pytest.approx((sign * 7.0 / 3, sign * 12.5 / 3))
+    assert (good["area_under_curve"], bad["area_under_curve"]) == pytest.approx((sign * 4.0, sign * 4.5))
+    matrix = _oriented_run(GOOD, GOOD_CURVE, lower_is_better).matrix
+    for name, m in metrics.METRICS.items():
+        assert good[name] != pytest.approx(bad[name]), name
+        assert (good[name] > bad[name]) == m.better_if_higher(matrix), name
+    assert metrics.METRICS["average_final"].better_if_higher(matrix) is (not lower_is_better)
+
+
+def test_a_new_registry_row_reaches_summary_report_order_and_bootstrap(monkeypatch):
+    spread = metrics.Metric("final_spread", lambda m: float(np.ptp(m.values[metrics.last_row(m)])),
+                            "spread of final losses", higher_is_better=False, interval=True, kind="level")
+    monkeypatch.setitem(metrics.METRICS, "final_spread", spread)
+    s = metrics.summary(_run())
+    assert list(s)[-2:] == ["area_under_curve", "final_spread"]
+    assert s["final_spread"] == pytest.approx(3.5 - 2.0)
+    assert metrics.summary(LOSS)["final_spread"] == pytest.approx(1.5)
+    assert metrics.report_order()[-1] is spread
+    ci = bootstrap(_run_with_docs(LOSS.values), samples=100, seed=0)
+    assert list(ci["metrics"])[-1] == "final_spread"
+    assert ci["metrics"]["final_spread"]["value"] == pytest.approx(1.5)
+    assert ci["metrics"]["final_spread"]["low"] < ci["metrics"]["final_spread"]["high"]
+    # Without an interval it is still summarised, but not bootstrapped.
+    monkeypatch.setitem(metrics.METRICS, "final_spread", metrics.Metric(
+        "final_spread", spread.fn, spread.label, higher_is_better=False, interval=False, kind="level"))
+    assert metrics.summary(LOSS)["final_spread"] == pytest.approx(1.5)
+    assert "final_spread" not in bootstrap(_run_with_docs(LOSS.values), samples=20, seed=0)["metrics"]

@@ -6,7 +6,7 @@ import pytest
 
 from cl_platform.check import ConfigError
 from cl_platform.config import CLConfig, RunConfig, config_hash, dict_diff, load_config, to_yaml
-from cl_platform.fwpkm import WriteRule
+from cl_platform.memory.fwpkm import WriteRule
 
 
 def write(tmp_path, text: str, name: str = "run.yaml"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cl_platform.check import ConfigError
-from cl_platform.fwpkm import (
+from cl_platform.memory.fwpkm import (
     FastWeightState,
     FwPKM,
     FwPKMConfig,
@@ -18,7 +18,7 @@ from cl_platform.fwpkm import (
     init_state,
     zscore,
 )
-from cl_platform.fwpkm_naive import naive_fwpkm
+from cl_platform.memory.fwpkm_naive import naive_fwpkm
 
 VECTORS = Path(__file__).parent / "data" / "fwpkm_vectors.pt"
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cl_platform.fwpkm import FwPKM, FwPKMConfig, WriteRule
+from cl_platform.memory.fwpkm import FwPKM, FwPKMConfig, WriteRule
 
 WORLD = 2
 

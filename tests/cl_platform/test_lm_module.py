@@ -7,8 +7,8 @@ from torch.utils.data import DataLoader
 
 from cl_platform.trainer import make_trainer, quiet_lightning
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings
+from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule
 from cl_platform.memory_policy import FrozenMemory, StreamMemory, get_memory_policy
-from cl_platform.fwpkm import FwPKMConfig, WriteRule
 from cl_platform.model import FwPKMLM, ModelConfig
 from cl_platform.strategy import Strategy, StrategyContext
 

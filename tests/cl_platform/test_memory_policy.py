@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from cl_platform.fwpkm import FastWeightState, FwPKMConfig, WriteRule
+from cl_platform.memory.fwpkm import FastWeightState, FwPKMConfig, WriteRule
 from cl_platform.memory_policy import POLICIES, FrozenMemory, ResetMemory, StreamMemory, get_memory_policy
 from cl_platform.model import FwPKMLM, ModelConfig
 

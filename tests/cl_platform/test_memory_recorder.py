@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from cl_platform.fwpkm import FwPKM, FwPKMConfig, WriteRule, init_state, zscore
-from cl_platform.fwpkm_naive import naive_fwpkm
+from cl_platform.memory.fwpkm import FwPKM, FwPKMConfig, WriteRule, init_state, zscore
+from cl_platform.memory.fwpkm_naive import naive_fwpkm
 from cl_platform.memory_recorder import (
     CONTEXT,
     EXAMPLES,
@@ -50,7 +50,7 @@ def test_the_observer_sees_each_tokens_picks_with_its_own_chunks_keys(heads):
     torch.testing.assert_close(w.double(), ref["weights"].detach(), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(g_seen, g)
     # The picks of the last chunk differ from what the call's first keys would give.
-    from cl_platform.product_keys import product_key_lookup
+    from cl_platform.memory.product_keys import product_key_lookup
     first_keys, _ = product_key_lookup(q.view(2, 10, heads, -1), start.keys, cfg.topk)
     assert not torch.equal(first_keys.idx[:, 8:], idx[:, 8:])
 

@@ -5,9 +5,10 @@ import torch
 import torch.nn.functional as F
 
 from cl_platform.check import ConfigError
-from cl_platform.fwpkm import FwPKMConfig, WriteRule
+from cl_platform.constants import IGNORE_INDEX
+from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule
+from cl_platform.memory.pkm import PKMConfig
 from cl_platform.model import (
-    IGNORE_INDEX,
     PRESETS,
     FwPKMLM,
     ModelConfig,
@@ -16,7 +17,6 @@ from cl_platform.model import (
     count_parameters,
 )
 from cl_platform.optim import MixedAdamW
-from cl_platform.pkm import PKMConfig
 
 V = 61  # awkward vocabulary
 

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from cl_platform import fwpkm, pkm, product_keys
 from cl_platform.check import ConfigError
+from cl_platform.memory import fwpkm, pkm, product_keys
+from cl_platform.memory.pkm import PKM, PKMConfig, pkm_reference
+from cl_platform.memory.product_keys import IDW_EPS, product_key_lookup
 from cl_platform.optim import MixedAdamW
-from cl_platform.pkm import PKM, PKMConfig, pkm_reference
-from cl_platform.product_keys import IDW_EPS, product_key_lookup
 
 # Awkward sizes: odd widths, S not a power of two, k·k candidates > S, several heads.
 D_MODEL = 10

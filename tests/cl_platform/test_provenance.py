@@ -23,25 +23,25 @@ def test_editing_one_byte_of_a_model_file_changes_that_file_and_the_combined_has
     before = code_fingerprint(root, BASE_CODE)
     assert before == base_code()  # a copy of the same files is the same code, wherever it lies
     assert sorted(before["modules"]) == sorted(BASE_CODE)
-    source = (root / "cl_platform/fwpkm.py").read_bytes()
-    assert before["modules"]["cl_platform/fwpkm.py"] == hashlib.sha256(source).hexdigest()
+    source = (root / "cl_platform/memory/fwpkm.py").read_bytes()
+    assert before["modules"]["cl_platform/memory/fwpkm.py"] == hashlib.sha256(source).hexdigest()
 
     edited = bytearray(source)
     edited[len(edited) // 2] ^= 1
-    (root / "cl_platform/fwpkm.py").write_bytes(bytes(edited))
+    (root / "cl_platform/memory/fwpkm.py").write_bytes(bytes(edited))
     after = code_fingerprint(root, BASE_CODE)
     assert after["combined"] != before["combined"]
-    assert changed_modules(before, after) == ["cl_platform/fwpkm.py"]
-    assert {k: v for k, v in after["modules"].items() if k != "cl_platform/fwpkm.py"} == \
-        {k: v for k, v in before["modules"].items() if k != "cl_platform/fwpkm.py"}
+    assert changed_modules(before, after) == ["cl_platform/memory/fwpkm.py"]
+    assert {k: v for k, v in after["modules"].items() if k != "cl_platform/memory/fwpkm.py"} == \
+        {k: v for k, v in before["modules"].items() if k != "cl_platform/memory/fwpkm.py"}
 
 
 def test_a_missing_file_is_a_change_and_no_record_is_unknown(tmp_path):
     root = copy_tree(tmp_path / "copy", BASE_CODE)
-    (root / "cl_platform/norm.py").unlink()
+    (root / "cl_platform/memory/norm.py").unlink()
     missing = code_fingerprint(root, BASE_CODE)
-    assert missing["modules"]["cl_platform/norm.py"] == "absent"
-    assert changed_modules(base_code(), missing) == ["cl_platform/norm.py"]
+    assert missing["modules"]["cl_platform/memory/norm.py"] == "absent"
+    assert changed_modules(base_code(), missing) == ["cl_platform/memory/norm.py"]
     assert changed_modules(base_code(), base_code()) == []
     assert changed_modules(None, base_code()) is None
     assert changed_modules({"combined": "x"}, base_code()) is None  # a record without per-file hashes
@@ -50,7 +50,7 @@ def test_a_missing_file_is_a_change_and_no_record_is_unknown(tmp_path):
 def test_the_base_code_list_names_existing_files_once():
     assert len(set(BASE_CODE)) == len(BASE_CODE)
     assert all((PROJECT_ROOT / name).is_file() for name in BASE_CODE)
-    assert "cl_platform/tokenizer.py" not in BASE_CODE  # the tokenizer fingerprint in the key covers it
+    assert "streams/tokenizer.py" not in BASE_CODE  # the tokenizer fingerprint in the key covers it
 
 
 def test_a_run_records_every_source_file_of_the_platform():

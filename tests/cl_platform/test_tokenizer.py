@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from cl_platform.tokenizer import EOT, PAD, SHIPPED_PATH, load_tokenizer, train_tokenizer
 from streams.sources import corpus_files, shipped_corpora
+from streams.tokenizer import EOT, PAD, SHIPPED_PATH, load_tokenizer, train_tokenizer
 
 
 def _first_texts(domain: str, n: int) -> list[str]:

@@ -8,8 +8,8 @@ import torch
 
 import strategies
 from cl_platform.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from cl_platform.engine import RunDirError
 from cl_platform.results import RunResults
+from cl_platform.run_dir import RunDirError
 from cl_platform.check import ConfigError
 from cl_platform.strategy import Strategy
 from cl_platform.trainer import RunStopped

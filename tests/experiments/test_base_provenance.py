@@ -16,7 +16,7 @@ from experiments.cli import main as cli_main
 from experiments.run import execute
 from experiments.setup import base_key, load_setup
 
-FWPKM = "cl_platform/fwpkm.py"
+FWPKM = "cl_platform/memory/fwpkm.py"
 
 
 def quiet(_):

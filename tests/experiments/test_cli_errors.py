@@ -97,3 +97,42 @@ def test_a_bad_number_argument_is_refused_by_argparse(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "layer", "--threads", "0"])
     assert exit_.value.code == 2 and "--threads: 0 must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, name, relative, bad, words", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_every_config_command_takes_the_same_bad_value_as_a_dotted_override(capsys, tmp_path, command, name, relative,
+                                                                             bad, words):
+    """`CONFIG key=value` goes through the loader's own checks: the bad value of the test above,
+    given on the command line instead of in the file, is refused the same way."""
+    good = shipped_with(tmp_path, name, relative, {})
+    key, value = next(iter(bad.items()))
+    if isinstance(value, dict):
+        key, value = f"{key}.{next(iter(value))}", next(iter(value.values()))
+    line = error_line(capsys, [*command.split(), str(good), f"{key}={value}"], command)
+    assert all(w in line for w in words), line
+    line = error_line(capsys, [*command.split(), str(good), "no_such_key=1"], command)
+    assert "no_such_key" in line, line
+    line = error_line(capsys, [*command.split(), str(good), "seed"], command)
+    assert "override 'seed': expected key=value" in line, line
+
+
+def test_overrides_reach_every_loader(tmp_path):
+    from cl_platform.config import load_config
+    from experiments import compare, longctx, niah, recall, sweep_config
+    from streams.stream import load_stream_config
+
+    def copy(name, relative):
+        folder = tmp_path / name.replace("/", "_")
+        folder.mkdir(exist_ok=True)
+        return shipped_with(folder, name, relative, {})
+
+    exp = recall.load(copy("recall.yaml", []), overrides=["seeds=[5]", "recall.num_pairs=4"])
+    assert exp.seeds == [5] and exp.recall["num_pairs"] == 4
+    assert longctx.load(copy("longctx.yaml", ["base"]), overrides=["buckets=[0, 64]"]).buckets == [0, 64]
+    assert niah.load(copy("niah.yaml", ["family"]), overrides=["episodes=7"]).episodes == 7
+    assert compare.load(copy("compare_strategies.yaml", ["run"]), overrides=["seeds=[3]"]).seeds == [3]
+    sweep = sweep_config.load(copy("sweeps/fast_lr_chunk.yaml", ["run"]),
+                              overrides=["trials=3", "space.cl.fwpkm.chunk.choices=[64, 128]"])
+    assert sweep.trials == 3 and sweep.space["cl.fwpkm.chunk"].choices == [64, 128]
+    assert load_stream_config(copy("streams/default.yaml", []), overrides=["seq_len=256"]).seq_len == 256
+    assert load_config(copy("default.yaml", ["stream"]), ["seed=4"]).seed == 4

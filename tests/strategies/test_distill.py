@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cl_platform.fwpkm import FwPKMConfig, WriteRule
+from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule
 from cl_platform.model import FwPKMLM, ModelConfig
 from cl_platform.strategy import StrategyContext
 from strategies.distill import Distill

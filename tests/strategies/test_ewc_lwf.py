@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cl_platform.fwpkm import FwPKMConfig, WriteRule
+from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule
 from cl_platform.model import FwPKMLM, ModelConfig
 from cl_platform.strategy import StrategyContext
 from strategies.ewc import EWC, _dense_params

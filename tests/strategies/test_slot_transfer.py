@@ -5,7 +5,7 @@ writes learn what the sum misses (`fwpkm_chunked(extra=...)` against a shifted t
 import pytest
 import torch
 
-from cl_platform.fwpkm import FwPKMConfig, WriteRule, fwpkm_chunked
+from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule, fwpkm_chunked
 from cl_platform.model import FwPKMLM, ModelConfig
 from cl_platform.strategy import StrategyContext
 from strategies import get_strategy
@@ -120,7 +120,7 @@ def test_fast_writes_learn_what_the_sum_misses():
     gen = torch.Generator().manual_seed(3)
     q, v = torch.randn(2, 12, 8, generator=gen), torch.randn(2, 12, 8, generator=gen)
     g, extra = torch.rand(2, 12, generator=gen), torch.randn(2, 12, 8, generator=gen)
-    from cl_platform.fwpkm import init_state
+    from cl_platform.memory.fwpkm import init_state
 
     a, b = init_state(cfg, torch.Generator().manual_seed(4)), init_state(cfg, torch.Generator().manual_seed(4))
     out_a = fwpkm_chunked(q, v, g, a, cfg, rule, extra=extra)

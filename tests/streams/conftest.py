@@ -60,7 +60,7 @@ class CallCounter:
 def count_work(monkeypatch):
     """Patch the tokenizer's batch encoder and the packer with counters; returns both counters."""
     import streams.packing as packing
-    from cl_platform.tokenizer import Tokenizer
+    from streams.tokenizer import Tokenizer
 
     encode = CallCounter(Tokenizer.encode_batch)
     pack = CallCounter(packing.pack_tokens)

@@ -3,8 +3,8 @@ answer encoded as the needle holds it; bad input named."""
 import numpy as np
 import pytest
 
-from cl_platform.tokenizer import load_tokenizer
 from streams.needles import NeedleConfig, make_episode, needle_tokens
+from streams.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

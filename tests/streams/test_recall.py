@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from streams.recall import IGNORE_INDEX, RESERVED, RecallConfig, answers, recall_batch
+from cl_platform.constants import IGNORE_INDEX
+from streams.recall import RESERVED, RecallConfig, answers, recall_batch
 
 CFG = RecallConfig(num_keys=10, num_values=7, num_filler=5, num_pairs=3, seq_len=30)
 

@@ -5,9 +5,9 @@ import dataclasses
 
 import torch
 
-from cl_platform.tokenizer import train_tokenizer
 from streams.splits import TokenBudget
 from streams.stream import load_domains
+from streams.tokenizer import train_tokenizer
 
 
 def test_second_load_does_no_tokenisation_or_packing(small_scenario, small, stream_cache, count_work):

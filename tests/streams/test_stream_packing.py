@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from streams.packing import IGNORE_INDEX, PackedSegments, pack_tokens
+from cl_platform.constants import IGNORE_INDEX
+from streams.packing import PackedSegments, pack_tokens
 
 EOT, PAD = 0, 1
 

@@ -12,8 +12,8 @@ from avalanche.benchmarks.scenarios import CLScenario
 from avalanche.benchmarks.utils import AvalancheDataset
 from avalanche.training.storage_policy import ReservoirSamplingBuffer
 
+from cl_platform.constants import IGNORE_INDEX
 from streams.datamodule import PretrainDataModule, ResumableSampler
-from streams.packing import IGNORE_INDEX
 from streams.scenario import build_stream
 
 def _split_texts(domain_data, split):

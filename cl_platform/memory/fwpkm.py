@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cl_platform.check import check, is_int, is_number
-from cl_platform.norm import RMSNorm
-from cl_platform.product_keys import IDW_EPS, Lookup, SubKeys, product_key_lookup
+from cl_platform.memory.norm import RMSNorm
+from cl_platform.memory.product_keys import IDW_EPS, Lookup, SubKeys, product_key_lookup
 
 ENTROPY_EPS = 1e-8  # inside the log of the addressing entropy
 ZSCORE_EPS = 1e-6

@@ -3,7 +3,7 @@
     pkm = PKM(d_model=256, config=PKMConfig(heads=4, topk=32))
     h = h + pkm(h)                       # in place of the block's MLP
 
-The FwPKM layer's product-key lookup (`cl_platform.product_keys`, docs/fwpkm.md, "Read", step
+The FwPKM layer's product-key lookup (`cl_platform.memory.product_keys`, docs/fwpkm.md, "Read", step
 4), but keys and values are ordinary parameters trained by the language-model loss, there are
 several heads and a larger top-k. It replaces the MLP of a block (Lample et al. 2019, "Large
 Memory Layers with Product Keys"). The value table is an `nn.EmbeddingBag` with `sparse=True`, so
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cl_platform.check import check, is_int
-from cl_platform.norm import RMSNorm
-from cl_platform.product_keys import IDW_EPS, Lookup, Score, product_key_lookup
+from cl_platform.memory.norm import RMSNorm
+from cl_platform.memory.product_keys import IDW_EPS, Lookup, Score, product_key_lookup
 
 
 @dataclass

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cl_platform.fwpkm import ENTROPY_EPS, FastWeightState, FwPKMConfig, WriteRule
-from cl_platform.product_keys import IDW_EPS
+from cl_platform.memory.fwpkm import ENTROPY_EPS, FastWeightState, FwPKMConfig, WriteRule
+from cl_platform.memory.product_keys import IDW_EPS
 
 
 def naive_fwpkm(

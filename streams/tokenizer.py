@@ -3,7 +3,7 @@
 Every model, stream cache and result is tied to one tokenizer through `Tokenizer.fingerprint`
 (sha256 of the tokenizer.json bytes): caches keyed on it are invalidated when the file changes.
 
-    tok = load_tokenizer()                 # the shipped cl_platform/assets/tokenizer.json
+    tok = load_tokenizer()                 # the shipped streams/assets/tokenizer.json
     ids = tok.encode("def f(x): ...")      # list[int]; no special tokens added
     tok.vocab_size, tok.eot_id, tok.pad_id  # 4096, 0, 1
 
