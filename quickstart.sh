@@ -15,7 +15,7 @@ if [ ! -f "$stamp" ]; then
     rm -f .venv/.installed-*; touch "$stamp"
 fi
 case "${1:-run}" in
-    run)  shift || true; exec .venv/bin/clp run experiments/default.yaml "$@" ;;
+    run)  shift || true; exec .venv/bin/clp run experiments/configs/default.yaml "$@" ;;
     # One OpenMP thread per test process: the suite runs multi-process tests (DDP, resume) and a
     # second thread per process only adds barrier stalls on a 2-core machine.
     test) shift || true; OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} exec .venv/bin/python -m pytest -q "$@" ;;

@@ -5,7 +5,7 @@
     ci = paired_difference(sums_a, counts_a, sums_b, counts_b)                        # B − A per bucket
 
 A token's position is how many tokens of its own document precede it in the segment the model
-read (`experiments.longctx.context_positions`): with a sliding-window model, positions below the
+read (`experiments.studies.longctx.context_positions`): with a sliding-window model, positions below the
 window are tokens whose whole document context is visible to attention, positions beyond it are
 tokens for which only a memory can bring back the start of the document. Buckets are half-open
 ranges [edges[i], edges[i+1]). Every token falls into exactly one bucket, so the buckets' sums

@@ -82,7 +82,7 @@ class RunCallback(L.Callback):
         """Forgetting-curve point `step` has just been added to `runner.results.curves` (every
         domain) and written to results.json. Called inside the training loop when the point is
         due after a batch, so an exception raised here stops the run there (Optuna pruning:
-        experiments/sweep_pruning.py); the run's checkpoint stays resumable."""
+        experiments/multi/sweep_pruning.py); the run's checkpoint stays resumable."""
 
     def on_run_end(self, runner: "ContinualRunner") -> None:
         """Every row is measured and results.json is final."""

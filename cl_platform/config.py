@@ -1,6 +1,6 @@
 """The run configuration: one typed tree, loaded by one loader, overridable by dotted paths.
 
-    cfg = load_config("experiments/default.yaml", ["cl.fwpkm.lr_values=0.3", "seed=1"])
+    cfg = load_config("experiments/configs/default.yaml", ["cl.fwpkm.lr_values=0.3", "seed=1"])
     cfg.cl.mode                      # "fast"
     cfg.cl.fwpkm.lr_values           # 0.3: the continual phase's write rule
     cfg.pretrain.fwpkm.lr_values     # 1.0: the base model's (unchanged, so the base is reused)

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 def seed_list(flag: str) -> Callable[[str], list[int]]:
     def parse(text: str) -> list[int]:
-        from experiments.seeds import parse_seeds
+        from experiments.studies.study import parse_seeds
 
         return parse_seeds(text, flag)
     return parse
@@ -96,49 +96,49 @@ THREADS = arg("--threads", type=positive_int, default=None, help="torch threads 
 COMMANDS = (
     Command("run", "experiments.cli:run_command",
             "the main job: pretrain (or reuse) the base, stream the domains, results matrix",
-            config="run YAML, e.g. experiments/default.yaml",
+            config="run YAML, e.g. experiments/configs/default.yaml",
             args=(arg("--resume", action="store_true", help="continue a killed run from its last checkpoint"),
                   arg("--run-dir", default=None, help="run folder (default: <runs_root>/<name>-<config hash>)"),
                   arg("--seeds", default=None, metavar="0,1,2", parse=seed_list("--seeds"),
-                      help="one run per continual-phase seed, then mean ± std (experiments/seeds.py)"),
+                      help="one run per continual-phase seed, then mean ± std (experiments/multi/seeds.py)"),
                   arg("--base-seeds", default=None, metavar="0,1,2", parse=seed_list("--base-seeds"),
                       help="one base model per seed (pretrain.seed), each with every --seeds seed"),
                   REUSE)),
     Command("pretrain", "experiments.pretrain:main", "train (or find cached) the base model of a run config",
-            config="run YAML, e.g. experiments/default.yaml", args=(REUSE,)),
-    Command("recall", "experiments.recall:main", "associative recall beyond the attention window",
-            config="recall YAML, e.g. experiments/recall.yaml", args=(SEEDS,)),
-    Command("eval", "experiments.longctx:main", "long-context loss by position of the baseline family",
-            config="family YAML, e.g. experiments/longctx.yaml",
+            config="run YAML, e.g. experiments/configs/default.yaml", args=(REUSE,)),
+    Command("recall", "experiments.studies.recall:main", "associative recall beyond the attention window",
+            config="recall YAML, e.g. experiments/configs/recall.yaml", args=(SEEDS,)),
+    Command("eval", "experiments.studies.longctx:main", "long-context loss by position of the baseline family",
+            config="family YAML, e.g. experiments/configs/longctx.yaml",
             args=(arg("--seeds", default=None, metavar="0,1,2", parse=seed_list("--seeds"),
                       help="comma-separated base seeds, replacing the file's"),
                   arg("--variants", default=None, parse=name_list,
                       help="comma-separated subset of the file's variants (e.g. attention,fwpkm)"))),
-    Command("niah", "experiments.niah:main", "needle in a haystack with n-iter reading",
-            config="needle YAML, e.g. experiments/niah.yaml",
+    Command("niah", "experiments.studies.niah:main", "needle in a haystack with n-iter reading",
+            config="needle YAML, e.g. experiments/configs/niah.yaml",
             args=(SEEDS, arg("--models", default=None, parse=name_list, help="comma-separated subset of the file's models"))),
-    Command("compare", "experiments.compare:main", "strategies side by side on the same stream, base and seeds",
-            config="comparison YAML, e.g. experiments/compare_strategies.yaml",
+    Command("compare", "experiments.multi.compare:main", "strategies side by side on the same stream, base and seeds",
+            config="comparison YAML, e.g. experiments/configs/compare_strategies.yaml",
             args=(SEEDS, arg("--entries", default=None, parse=name_list, help="comma-separated subset of the file's entries"),
                   arg("--base-seeds", default=None, parse=seed_list("--base-seeds"),
                       help="comma-separated base seeds (pretrain.seed), replacing the file's"))),
-    Command("sweep", "experiments.sweep:main", "Optuna study over run-config settings, measured on the dev split",
-            config="sweep YAML, e.g. experiments/sweeps/fast_lr_chunk.yaml",
+    Command("sweep", "experiments.multi.sweep:main", "Optuna study over run-config settings, measured on the dev split",
+            config="sweep YAML, e.g. experiments/configs/sweeps/fast_lr_chunk.yaml",
             args=(arg("--trials", type=positive_int, default=None, help="COMPLETE + PRUNED trials to reach, replacing the file's"),
                   arg("--workers", type=positive_int, default=1, help="processes optimizing the study together (this one + N-1)"),
                   arg("--storage", default=None, help="SQLAlchemy URL, replacing the file's (default: sqlite in the sweep folder)"),
                   # Set on the extra processes --workers starts: they only run trials; the first reports.
                   arg("--worker-index", type=int, default=0, help=argparse.SUPPRESS))),
     Command("data stats", "streams.stats:main", "per-domain, per-split statistics of a stream config",
-            config="stream YAML, e.g. experiments/streams/default.yaml"),
+            config="stream YAML, e.g. experiments/configs/streams/default.yaml"),
     Command("report", "experiments.report:main", "self-contained HTML (+ Markdown) report of run, comparison or sweep folders",
             args=(arg("paths", nargs="+", metavar="PATH", help="run folders, a comparison folder or a sweep folder"),
                   arg("--out", default=None, help="output folder (default: <first PATH>/report)"))),
     Command("tokenizer build", "streams.tokenizer_build:main", "retrain the shipped BPE tokenizer",
             args=(arg("--out", default=None, help="output tokenizer.json (default: the shipped file)"),
                   arg("--vocab-size", type=positive_int, default=4096))),
-    Command("bench layer", "experiments.bench_layer:main", "FwPKM layer tokens/s and peak memory", args=(QUICK, THREADS)),
-    Command("bench step", "experiments.bench_step:main", "model step time, float32 vs bf16-mixed",
+    Command("bench layer", "experiments.studies.bench_layer:main", "FwPKM layer tokens/s and peak memory", args=(QUICK, THREADS)),
+    Command("bench step", "experiments.studies.bench_step:main", "model step time, float32 vs bf16-mixed",
             args=(QUICK, THREADS, arg("--variants", action="store_true",
                                       help="the baseline family: attention only, + PKM, + FwPKM, + both"))),
 )
@@ -185,13 +185,13 @@ def run_command(config: str, overrides: list[str], resume: bool = False, run_dir
                 reuse_stale_base: bool = False, seeds: list[int] | None = None,
                 base_seeds: list[int] | None = None) -> int:
     """`clp run`: one run (experiments/run.py), or with `--seeds` / `--base-seeds` one run per seed
-    and their aggregate (experiments/seeds.py; members always resume where they stopped)."""
+    and their aggregate (experiments/multi/seeds.py; members always resume where they stopped)."""
     if seeds is None and base_seeds is None:
         from experiments.run import main
 
         return main(config, overrides, resume=resume, run_dir=run_dir, reuse_stale_base=reuse_stale_base)
     from cl_platform.check import ConfigError
-    from experiments.seeds import run_seeds
+    from experiments.multi.seeds import run_seeds
 
     if run_dir is not None:
         raise ConfigError("--run-dir cannot be combined with --seeds: every member run has its own folder")
@@ -210,7 +210,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from cl_platform.file_lock import FolderBusy
     from cl_platform.run_dir import RunDirError
     from cl_platform.trainer import RunStopped
-    from experiments.sweep import SweepError
+    from experiments.multi.sweep import SweepError
     from streams.errors import StreamDataError
 
     return (ConfigError, CheckpointError, RunDirError, RunStopped, StreamDataError, SweepError, ReportInputError,

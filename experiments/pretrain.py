@@ -1,8 +1,8 @@
 """`clp pretrain CONFIG [key=value ...]`: train the base model of a run config once; later runs reuse it.
 
-    clp pretrain experiments/default.yaml
-    clp pretrain experiments/default.yaml pretrain.steps=600
-    clp pretrain experiments/default.yaml --reuse-stale-base   # keep a base built by other code
+    clp pretrain experiments/configs/default.yaml
+    clp pretrain experiments/configs/default.yaml pretrain.steps=600
+    clp pretrain experiments/configs/default.yaml --reuse-stale-base   # keep a base built by other code
 
 The base lives in `<runs_root>/pretrain-<key>/` (base.ckpt, pretrain.json with the loss curves and
 the unigram baseline, tensorboard/); `experiments/base.py` finds or builds it, `experiments/setup.py`

@@ -1,10 +1,10 @@
 """`clp run CONFIG [key=value ...]`: the platform's main job — learn a stream of domains, measure forgetting.
 
-    clp run experiments/default.yaml                      # pretrain (or reuse) the base, then the stream
-    clp run experiments/default.yaml cl.fwpkm.lr_values=0.3 seed=1   # dotted overrides (same base)
-    clp run experiments/default.yaml --resume             # continue a killed run from its last checkpoint
+    clp run experiments/configs/default.yaml                      # pretrain (or reuse) the base, then the stream
+    clp run experiments/configs/default.yaml cl.fwpkm.lr_values=0.3 seed=1   # dotted overrides (same base)
+    clp run experiments/configs/default.yaml --resume             # continue a killed run from its last checkpoint
     clp run other.yaml --run-dir runs/NAME --resume       # refused if that folder holds another config
-    clp run experiments/default.yaml --reuse-stale-base   # keep a base built by other code (experiments/base.py)
+    clp run experiments/configs/default.yaml --reuse-stale-base   # keep a base built by other code (experiments/base.py)
 
 The composition root: builds the stream (streams), the strategy (strategies) and the base model
 (experiments/setup.py, experiments/base.py), hands them to `cl_platform.engine.ContinualRunner`,

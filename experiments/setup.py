@@ -1,6 +1,6 @@
 """From a run config to what a run needs: the stream, the model, the strategy and the identities.
 
-    setup = load_setup("experiments/default.yaml", ["cl.fwpkm.lr_values=0.3"])
+    setup = load_setup("experiments/configs/default.yaml", ["cl.fwpkm.lr_values=0.3"])
     setup.model_config                 # the architecture, vocabulary from the stream's tokenizer
     key = base_key(setup)              # names the cached base model (runs/pretrain-<key[:12]>)
     fields = run_identity(setup, {"source": "pretrain", "key": key})   # hashed into the run folder

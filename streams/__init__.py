@@ -1,7 +1,7 @@
 """Domain data: shipped corpora, loading through `datasets`, tokenisation and packing, the stream.
 
     from streams import build_stream
-    scenario = build_stream("experiments/streams/default.yaml")
+    scenario = build_stream("experiments/configs/streams/default.yaml")
 
 Modules, in pipeline order: `sources` (where documents come from, validation), `splits`
 (document-level pretrain / adapt / eval), `packing` (tokenise and pack, cached), `stream`

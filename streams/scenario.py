@@ -1,6 +1,6 @@
 """The stream as Avalanche objects: an ordered list of domain experiences.
 
-    scenario = build_stream("experiments/streams/default.yaml")
+    scenario = build_stream("experiments/configs/streams/default.yaml")
     for exp in scenario.adapt_stream:                 # math -> law -> code -> web
         exp.domain                                    # "math"
         train = exp.adapt_loader(batch_size=8)        # this domain's adapt segments, in order

@@ -1,6 +1,6 @@
 """Per-domain, per-split statistics of a stream config, and how different the domains' tokens are.
 
-    clp data stats experiments/streams/default.yaml
+    clp data stats experiments/configs/streams/default.yaml
 
 Prints documents / tokens / segments for every domain and split, then two domain x domain tables
 computed on each domain's packed tokens (all splits, padding and separators excluded):

@@ -1,6 +1,6 @@
 """A stream's configuration and its data: every domain loaded, validated, tokenised, split, packed.
 
-    config = load_stream_config("experiments/streams/default.yaml")
+    config = load_stream_config("experiments/configs/streams/default.yaml")
     domains = load_domains(config)        # {"math": DomainData, ...}, cached under config.cache_dir
     domains["law"].splits["eval"].segments[0]["input_ids"]      # (seq_len,) LongTensor
 

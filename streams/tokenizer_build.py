@@ -8,7 +8,7 @@ domain's documents are permuted exactly as the stream splitter permutes them
 documents are taken from the *end* of that permutation until 1,500,000 characters are collected.
 The stream fills `eval` and `adapt` from the *front* of the same permutation, so with the
 default seed and budgets no held-out or streamed document is seen by the tokenizer
-(tests/test_tokenizer.py checks this against experiments/streams/default.yaml).
+(tests/test_tokenizer.py checks this against experiments/configs/streams/default.yaml).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def quiet(_):
 
 # --- fixtures: real tiny runs, a comparison and sweeps, made once --------------------------------
 def _comparison(tiny, folder: Path) -> Path:
-    from experiments.compare import load, run
+    from experiments.multi.compare import load, run
 
     tiny.config(folder / "run.yaml")
     spec = {"run": "run.yaml", "name": "report", "seeds": [0, 1],
@@ -65,7 +65,7 @@ def _other_domains_run(tiny, folder: Path) -> Path:
 
 def _sweep(tiny, folder: Path, name: str, objective: dict) -> Path:
     """Two trials on the tiny stream with a dev split (same base), as tests/experiments/test_sweep.py."""
-    from experiments import sweep
+    from experiments.multi import sweep
 
     spec = {**tiny.stream_spec, "cache_dir": str(tiny.root / "cache")}
     spec["token_budget"] = {**spec["token_budget"], "dev": 256}

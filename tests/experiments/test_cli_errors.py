@@ -9,7 +9,7 @@ import yaml
 
 from experiments.cli import main
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 
 # command, shipped file, its fields holding paths relative to it, a bad value, words the error must hold
 COMMANDS = [
@@ -75,7 +75,8 @@ def test_the_shipped_files_themselves_are_accepted_by_the_same_loaders(tmp_path)
     """The control for the test above: the copies differ from a good file only by the change
     (otherwise every case could fail for one shared reason, e.g. a path the copy broke)."""
     from cl_platform.config import load_config
-    from experiments import compare, longctx, niah, recall, sweep_config
+    from experiments.multi import compare, sweep_config
+    from experiments.studies import longctx, niah, recall
     from streams.stream import load_stream_config
 
     loaders = {"run": load_config, "pretrain": load_config, "recall": recall.load, "eval": longctx.load,
@@ -118,7 +119,8 @@ def test_every_config_command_takes_the_same_bad_value_as_a_dotted_override(caps
 
 def test_overrides_reach_every_loader(tmp_path):
     from cl_platform.config import load_config
-    from experiments import compare, longctx, niah, recall, sweep_config
+    from experiments.multi import compare, sweep_config
+    from experiments.studies import longctx, niah, recall
     from streams.stream import load_stream_config
 
     def copy(name, relative):

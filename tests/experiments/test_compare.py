@@ -10,7 +10,7 @@ import yaml
 from analysis.metrics import summary
 from cl_platform.check import ConfigError
 from cl_platform.results import RunResults
-from experiments.compare import load, run
+from experiments.multi.compare import load, run
 
 
 def write(tiny, tmp_path, **fields):

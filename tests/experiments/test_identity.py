@@ -111,9 +111,10 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     from cl_platform.config import load_config
     from streams.stream import load_stream_config
 
-    from experiments import compare, longctx, niah, recall
+    from experiments.multi import compare
+    from experiments.studies import longctx, niah, recall
 
-    root = Path(__file__).resolve().parents[2] / "experiments"
+    root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
     # Every shipped YAML is a run config or one experiment's own config, and loads as one.
     others = {"recall": recall.load, "longctx": longctx.load, "niah": niah.load, "compare_strategies": compare.load,
               "compare_strategies_dev": compare.load}

@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from cl_platform.check import ConfigError
-from experiments.longctx import context_positions, load, run, score
+from experiments.studies.longctx import context_positions, load, run, score
 
 
 def test_context_positions_against_a_loop():

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from cl_platform.check import ConfigError
-from experiments.niah import load, read_in_pass, read_iteratively, run
+from experiments.studies.niah import load, read_in_pass, read_iteratively, run
 from streams.needles import NeedleConfig, make_episode
 
 

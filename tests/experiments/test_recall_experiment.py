@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from cl_platform.check import ConfigError
-from experiments.recall import RecallExperiment, load, run
+from experiments.studies.recall import RecallExperiment, load, run
 
 
 def write(tmp_path, **fields):
@@ -49,7 +49,7 @@ def test_fwpkm_recalls_beyond_the_window_and_attention_alone_does_not(tmp_path):
 
 
 def test_each_ablation_changes_one_setting_of_the_fwpkm_variant():
-    from experiments.recall import ABLATIONS, VARIANTS, model_config
+    from experiments.studies.recall import ABLATIONS, VARIANTS, model_config
 
     exp = RecallExperiment()
     full = model_config(exp, "fwpkm")

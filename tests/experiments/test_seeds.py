@@ -6,7 +6,8 @@ import pytest
 
 from cl_platform.check import ConfigError
 from experiments.cli import main as cli_main
-from experiments.seeds import parse_seeds, run_seeds
+from experiments.multi.seeds import run_seeds
+from experiments.studies.study import parse_seeds
 
 
 def quiet(_):

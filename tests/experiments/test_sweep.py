@@ -18,8 +18,8 @@ from analysis.metrics import summary
 from cl_platform.check import ConfigError
 from cl_platform.config import load_config
 from cl_platform.results import RunResults
-from experiments import sweep as sw
-from experiments import sweep_config as sc
+from experiments.multi import sweep as sw
+from experiments.multi import sweep_config as sc
 from experiments.run import execute
 
 SPACE = {"cl.fwpkm.lr_values": {"type": "float", "low": 0.03, "high": 3.0, "log": True},
@@ -292,12 +292,12 @@ def test_a_killed_workers_trial_is_retried_in_its_run_folder(tiny, tiny_base, tm
 def test_the_shipped_sweep_loads():
     from pathlib import Path
 
-    sweep = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "sweeps" / "fast_lr_chunk.yaml")
+    sweep = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "configs" / "sweeps" / "fast_lr_chunk.yaml")
     assert Path(sweep.run).resolve().name == "default.yaml" and set(sweep.space) == {"cl.fwpkm.lr_values", "cl.fwpkm.chunk"}
     # Forgetting against gain, a Pareto front (a single loss + forgetting objective rewards learning
     # nothing: experiments/LOG.md); several objectives cannot prune.
     assert sweep.objective.is_multi and not sweep.prunes
-    ewc = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "sweeps" / "ewc_lambda.yaml")
+    ewc = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "configs" / "sweeps" / "ewc_lambda.yaml")
     setup = sc.check_runs(ewc, "ewc_lambda.yaml")  # the fixed overrides and the space load through the run config
     assert setup.config.cl.mode == "finetune" and setup.config.strategy.name == "ewc"
 

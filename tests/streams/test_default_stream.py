@@ -10,7 +10,7 @@ import torch
 from streams.stream import load_domains, load_stream_config
 from streams.tokenizer_build import training_sample
 
-DEFAULT = Path(__file__).resolve().parents[2] / "experiments" / "streams" / "default.yaml"
+DEFAULT = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "streams" / "default.yaml"
 
 
 @pytest.mark.slow

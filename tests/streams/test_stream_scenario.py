@@ -257,7 +257,7 @@ def test_filters(stream_cache):
 def test_config_from_yaml_default():
     from streams.stream import load_stream_config
 
-    cfg = load_stream_config(Path(__file__).resolve().parents[2] / "experiments" / "streams" / "default.yaml")
+    cfg = load_stream_config(Path(__file__).resolve().parents[2] / "experiments" / "configs" / "streams" / "default.yaml")
     assert [d.name for d in cfg.domains] == ["math", "law", "code", "web"] == cfg.experience_domains
     assert [d.source for d in cfg.domains] == ["corpus:math", "corpus:law", "corpus:code", "corpus:web"]
     assert (cfg.seq_len, cfg.seed) == (512, 0)

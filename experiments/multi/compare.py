@@ -1,7 +1,7 @@
 """`clp compare COMPARE.yaml`: strategies side by side on the same stream, base and seeds.
 
-    clp compare experiments/compare_strategies.yaml
-    clp compare experiments/compare_strategies.yaml --entries naive,replay --seeds 0
+    clp compare experiments/configs/compare_strategies.yaml
+    clp compare experiments/configs/compare_strategies.yaml --entries naive,replay --seeds 0
 
 The file names a run config (`run`), the seeds, and the entries: each a list of dotted overrides
 of that run config (`strategy.name=replay`, `cl.mode=finetune`, ...). Every (entry, seed) is an
@@ -71,7 +71,7 @@ def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | 
         data["seeds"] = seeds
     if base_seeds is not None:
         data["base_seeds"] = base_seeds
-    from experiments.seeds import keep_named
+    from experiments.studies.study import keep_named
 
     keep_named(data, "entries", entries, "--entries", path)
     comp = from_mapping(Comparison, data, f"comparison config {path}", whole_file=True)

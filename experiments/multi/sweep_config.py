@@ -1,7 +1,7 @@
-"""The sweep file of `clp sweep` (experiments/sweep.py): its fields, and every check made before
+"""The sweep file of `clp sweep` (experiments/multi/sweep.py): its fields, and every check made before
 any trial starts (or any base model is pretrained).
 
-    sweep = load("experiments/sweeps/fast_lr_chunk.yaml", trials=None, storage=None)
+    sweep = load("experiments/configs/sweeps/fast_lr_chunk.yaml", trials=None, storage=None)
     check_runs(sweep, where)             # the space against the run config and its strategy
     overrides({"cl.fwpkm.chunk": 64})    # ["cl.fwpkm.chunk=64", "cl.eval_split=dev"]
 
@@ -169,7 +169,7 @@ class Objective:
 @dataclass
 class Pruner:
     """`median`: Optuna's MedianPruner on the mean forgetting-curve loss
-    (experiments/sweep_pruning.py); `none`: trials always run to the end."""
+    (experiments/multi/sweep_pruning.py); `none`: trials always run to the end."""
 
     name: str = "median"
     n_startup_trials: int = 3  # trials that finish before any is pruned

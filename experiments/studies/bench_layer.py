@@ -97,7 +97,7 @@ def _worker(spec: dict) -> dict:
 
 def _run(spec: dict) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "experiments.bench_layer", "--worker", json.dumps(spec)],
+        [sys.executable, "-m", "experiments.studies.bench_layer", "--worker", json.dumps(spec)],
         capture_output=True, text=True, check=False,
     )
     if out.returncode != 0:

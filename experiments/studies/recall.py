@@ -2,8 +2,8 @@
 without an FwPKM layer, trained on synthetic multi-query associative recall (`streams/recall.py`),
 then scored by exact-match accuracy against the distance between the pairs and their queries.
 
-    clp recall experiments/recall.yaml                  # both variants, the file's seeds
-    clp recall experiments/recall.yaml --seeds 0,1,2
+    clp recall experiments/configs/recall.yaml                  # both variants, the file's seeds
+    clp recall experiments/configs/recall.yaml --seeds 0,1,2
 
 Training is ordinary Lightning training (`LMModule`, phase `pretrain`: slow weights trained
 through the writes). The memory is episodic: the write rule's `persistence: reset_per_call`
@@ -16,14 +16,14 @@ Results: `<runs_root>/recall-<hash>/results.json` and a printed table.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cl_platform.check import apply_overrides, check, from_mapping, is_int, is_number, read_yaml
+from cl_platform.atomic import atomic_write_json
+from cl_platform.check import check, is_int, is_number
+from experiments.studies.study import cached, load_study, study_folder, write_results
 from streams.recall import RecallConfig
 
 # fwpkm: the same model with an FwPKM layer at `fwpkm_layer`. The paper's ablations, one change
@@ -75,10 +75,7 @@ class RecallExperiment:
 def load(path: str | Path, seeds: list[int] | None = None, overrides: Sequence[str] = ()) -> RecallExperiment:
     """The experiment in a YAML file (fields of RecallExperiment) with `key=value` overrides;
     `seeds` replaces the file's."""
-    data = apply_overrides(read_yaml(path, "recall config"), overrides, "recall config")
-    if seeds is not None:
-        data["seeds"] = seeds
-    return from_mapping(RecallExperiment, data, f"recall config {path}", whole_file=True)
+    return load_study(RecallExperiment, path, "recall config", overrides, seeds)
 
 
 def model_config(exp: RecallExperiment, variant: str):
@@ -148,27 +145,19 @@ def run(exp: RecallExperiment, say: Callable[[str], None] = print) -> tuple[Path
     # One folder per setting; each (variant, seed) is its own file in it, so adding a variant or a
     # seed trains only what is new.
     identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("variants", "seeds", "runs_root")}
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    folder = Path(exp.runs_root) / f"recall-{key}"
+    folder = study_folder(exp.runs_root, "recall", identity)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(identity, indent=1) + "\n", encoding="utf-8")
-    results = []
-    for variant in exp.variants:
-        for seed in exp.seeds:
-            path = folder / f"{variant}-seed{seed}.json"
-            if path.is_file():
-                result = json.loads(path.read_text())
-            else:
-                say(f"training {variant}, seed {seed} ({exp.steps} steps of {exp.batch_size} sequences)")
-                result = train_and_score(exp, variant, seed)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-                tmp.replace(path)
-            results.append(result)
+    atomic_write_json(folder / "config.json", identity)
+
+    def train(variant: str, seed: int) -> dict[str, Any]:
+        say(f"training {variant}, seed {seed} ({exp.steps} steps of {exp.batch_size} sequences)")
+        return train_and_score(exp, variant, seed)
+
+    results = [cached(folder, variant, seed, lambda: train(variant, seed)) for variant in exp.variants for seed in exp.seeds]
     summary = summarise(exp, results)
-    (folder / "results.json").write_text(json.dumps({"runs": results, "summary": summary}, indent=1) + "\n",
-                                         encoding="utf-8")
-    say(table(exp, summary))
+    text = table(exp, summary)
+    write_results(folder, {"runs": results, "summary": summary}, text)
+    say(text)
     say(f"results: {folder / 'results.json'}")
     return folder, summary
 

@@ -1,7 +1,7 @@
 """`clp run CONFIG --seeds 0,1,2 [--base-seeds 0,1,2]`: one run per seed, then their mean ± std.
 
-    clp run experiments/default.yaml --seeds 0,1,2                    # continual-phase seeds, one base
-    clp run experiments/default.yaml --seeds 0 --base-seeds 0,1,2     # three bases (pretrain.seed)
+    clp run experiments/configs/default.yaml --seeds 0,1,2                    # continual-phase seeds, one base
+    clp run experiments/configs/default.yaml --seeds 0 --base-seeds 0,1,2     # three bases (pretrain.seed)
 
 Each member is an ordinary run (its own folder, hash, TensorBoard events) made with the overrides
 `seed=<s>` and, with base seeds, `pretrain.seed=<b>`; the aggregate goes to
@@ -24,33 +24,6 @@ from analysis.aggregate import aggregate, format_aggregate
 from cl_platform.atomic import atomic_write_json, atomic_write_text
 from cl_platform.check import ConfigError
 from cl_platform.config import load_config
-
-
-def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
-    """'0,1,2' → [0, 1, 2]; empty lists, non-integers and repeats are errors naming the flag."""
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise ConfigError(f"{flag}: empty seed list; give comma-separated ints, e.g. {flag} 0,1,2")
-    try:
-        seeds = [int(p) for p in parts]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: not a comma-separated list of ints") from None
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        raise ConfigError(f"{flag} {text!r}: seed(s) {repeated} repeated; a repeat would only copy a run")
-    return seeds
-
-
-def keep_named(data: dict, field: str, names: Sequence[str] | None, flag: str, path) -> None:
-    """Keep only `names` (in that order) of the mapping `data[field]`, for a `--<flag> a,b` subset
-    of a config file's entries; a name the file lacks is an error naming the flag and the file."""
-    if names is None:
-        return
-    known = data.get(field) or {}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ConfigError(f"{path}: {flag} {unknown} not among the file's {field} {list(known)}")
-    data[field] = {n: known[n] for n in names}
 
 
 def run_seeds(

@@ -1,9 +1,9 @@
 """Needle in a haystack with n-iter reading (issue 8; the FwPKM paper's protocol) on the baseline
 family's language-model bases, zero-shot and after a brief fine-tune on needle episodes.
 
-    clp niah experiments/niah.yaml                # the bases come from the family config (clp eval)
-    clp niah experiments/niah.yaml --seeds 0,1,2  # fine-tuning seeds
-    clp niah experiments/niah.yaml --models fwpkm,fwpkm-no-lookahead   # a subset (results are shared)
+    clp niah experiments/configs/niah.yaml                # the bases come from the family config (clp eval)
+    clp niah experiments/configs/niah.yaml --seeds 0,1,2  # fine-tuning seeds
+    clp niah experiments/configs/niah.yaml --models fwpkm,fwpkm-no-lookahead   # a subset (results are shared)
 
 An episode (`streams/needles.py`): a window of real text with 5 needles "The secret number for
 ID-xxxx is dddddd.", then a question about one; exact match of the number's tokens (teacher
@@ -31,22 +31,22 @@ Results: `<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, is_number, read_yaml
+from cl_platform.check import ConfigError, check, is_int, is_number
+from experiments.studies.family import Family, load_family
+from experiments.studies.study import cached, load_study, relative_to, study_folder, write_results
 
 MODEL_KEYS = ("variant", "finetune", "rule")
 
 
 @dataclass
 class NeedleExperiment:
-    family: str = "longctx.yaml"  # the baseline family config (experiments/longctx.py), relative to this file
+    family: str = "longctx.yaml"  # the baseline family config (experiments/studies/longctx.py), relative to this file
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {variant, finetune, rule}
     needles: dict[str, Any] = field(default_factory=dict)  # streams.needles.NeedleConfig fields
     haystack_domain: str = "web"
@@ -91,15 +91,8 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
          overrides: Sequence[str] = ()) -> NeedleExperiment:
     """The experiment in a YAML file with `key=value` overrides; `seeds` replaces the file's;
     `models` keeps only those."""
-    path = Path(path)
-    data = apply_overrides(read_yaml(path, "needle config"), overrides, "needle config")
-    if seeds is not None:
-        data["seeds"] = seeds
-    from experiments.seeds import keep_named
-
-    keep_named(data, "models", models, "--models", path)
-    exp = from_mapping(NeedleExperiment, data, f"needle config {path}", whole_file=True)
-    exp.family = str(path.parent / exp.family) if not Path(exp.family).is_absolute() else exp.family
+    exp = load_study(NeedleExperiment, path, "needle config", overrides, seeds, subset=("models", models, "--models"))
+    exp.family = relative_to(path, exp.family)
     return exp
 
 
@@ -226,21 +219,25 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str)
                                    for j in range(cfg.needles)]}
 
 
+def needle_family(exp: NeedleExperiment) -> Family:
+    """The baseline family the models come from, with this study's runs_root if it sets one."""
+    family = load_family(exp.family)
+    if exp.runs_root is not None:
+        family.runs_root = exp.runs_root
+    return family
+
+
 def check_models(exp: NeedleExperiment) -> dict[str, Any]:
     """Each model's variant setup, every name checked against the family and its stream; raises
     before any pretraining, fine-tuning or scoring."""
-    from experiments import longctx
-
-    family = longctx.load(exp.family, [exp.base_seed])
-    if exp.runs_root is not None:
-        family.runs_root = exp.runs_root
+    family = needle_family(exp)
     setups = {}
     for name, spec in exp.models.items():
         if spec["variant"] not in family.variants:
             raise ConfigError(f"needle config field 'models.{name}.variant': {spec['variant']!r} is not a variant of "
                               f"{exp.family} ({list(family.variants)})")
         if spec["variant"] not in setups:
-            setups[spec["variant"]] = longctx.prepare(family, spec["variant"], exp.base_seed)
+            setups[spec["variant"]] = family.setup(spec["variant"], exp.base_seed, who="needle")
     scenario = next(iter(setups.values())).scenario
     if exp.haystack_domain not in scenario.domains:
         raise ConfigError(f"needle config field 'haystack_domain': {exp.haystack_domain!r} is not a domain of "
@@ -284,31 +281,18 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
-    identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("models", "seeds", "runs_root")}
-    identity["family_text"] = Path(exp.family).read_text(encoding="utf-8")
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    from experiments import longctx
-
-    family = longctx.load(exp.family)
-    runs_root = exp.runs_root or longctx.folder_of(family).parent
-    folder = Path(runs_root) / f"niah-{key}"
+    family = needle_family(exp)
+    identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("models", "seeds", "runs_root", "family")}
+    identity["family"] = family.identity()  # its settings, not its file's text
+    folder = study_folder(family.resolved_runs_root(), "niah", identity)
     setups = check_models(exp)  # every name checked, the stream loaded once
-    folder.mkdir(parents=True, exist_ok=True)
-    results = []
-    for name, spec in exp.models.items():
-        for seed in (exp.seeds if spec.get("finetune") else exp.seeds[:1]):
-            path = folder / f"{name}-seed{seed}.json"
-            result = json.loads(path.read_text()) if path.is_file() else None
-            if result is None or result.get("spec") != spec:
-                result = evaluate(exp, name, seed, say, setups)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
-                tmp.replace(path)
-            results.append(result)
+    # A member is reused only for the same model spec (variant, fine-tuning, write rule).
+    results = [cached(folder, name, seed, lambda: evaluate(exp, name, seed, say, setups),
+                      fresh=lambda r: r.get("spec") == spec)
+               for name, spec in exp.models.items() for seed in (exp.seeds if spec.get("finetune") else exp.seeds[:1])]
     summary = summarise(exp, results)
-    (folder / "results.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     text = table(exp, summary)
-    (folder / "table.txt").write_text(text + "\n", encoding="utf-8")
+    write_results(folder, summary, text)
     say(text)
     say(f"results: {folder / 'results.json'}")
     return folder, summary

@@ -1,12 +1,12 @@
 """`clp sweep SWEEP.yaml`: an Optuna study over run-config settings (write rule, chunk size,
 strategy arguments), resumable, prunable and parallel, on a real database.
 
-    clp sweep experiments/sweeps/fast_lr_chunk.yaml                 # creates or continues the study
-    clp sweep experiments/sweeps/fast_lr_chunk.yaml --trials 16     # more trials than the file says
-    clp sweep experiments/sweeps/fast_lr_chunk.yaml --workers 2     # this process + 1 more, one study
+    clp sweep experiments/configs/sweeps/fast_lr_chunk.yaml                 # creates or continues the study
+    clp sweep experiments/configs/sweeps/fast_lr_chunk.yaml --trials 16     # more trials than the file says
+    clp sweep experiments/configs/sweeps/fast_lr_chunk.yaml --workers 2     # this process + 1 more, one study
     clp sweep SWEEP.yaml --storage postgresql://user@host/db        # any SQLAlchemy URL
 
-The file's fields and the checks made before any trial starts: experiments/sweep_config.py.
+The file's fields and the checks made before any trial starts: experiments/multi/sweep_config.py.
 
 A trial is an ordinary run (`experiments/run.py:execute`) of the run config with the sweep's
 fixed `overrides`, then the sampled values as dotted overrides, plus `cl.eval_split=dev`: objectives are always measured on the dev
@@ -30,7 +30,7 @@ stops on a non-finite loss (`RunStopped`, e.g. a learning rate that diverges) or
 live process runs (`FolderBusy`: a retry of a trial whose worker is slow, not dead) is a FAIL trial, not
 counted; `MAX_FAILURES` failed trials in a row stop the worker.
 
-Outputs (`experiments/sweep_report.py`) are rewritten from the study at the end of every
+Outputs (`experiments/multi/sweep_report.py`) are rewritten from the study at the end of every
 `clp sweep`: best.yaml (or pareto.json + pareto/), trials.csv, plots/ and tensorboard/.
 """
 
@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 
 from cl_platform.check import ConfigError
 from cl_platform.file_lock import FileLock, FolderBusy
-from experiments.sweep_config import Sweep, check_runs, check_storage, check_study, load, storage_url, \
+from experiments.multi.sweep_config import Sweep, check_runs, check_storage, check_study, load, storage_url, \
     sweep_dir
 
 MAX_FAILURES = 3
@@ -103,7 +103,7 @@ class TrialObjective:
 
         from analysis.metrics import METRICS, summary
         from experiments.run import execute
-        from experiments.sweep_pruning import CurvePruning
+        from experiments.multi.sweep_pruning import CurvePruning
 
         self.lock.release()  # the trial exists now: other workers may count it and ask for theirs
         self.number = trial.number
@@ -262,7 +262,7 @@ def run(path: str | Path, trials: int | None = None, workers: int = 1, storage: 
     if bad:
         raise SweepError(f"worker(s) failed: {', '.join(bad)}; logs in {out / 'workers'}")
     if worker_index == 0:
-        from experiments.sweep_report import write_reports
+        from experiments.multi.sweep_report import write_reports
 
         write_reports(sweep, study, out, say)
     return out, study

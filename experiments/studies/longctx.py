@@ -2,8 +2,8 @@
 a static PKM, an FwPKM, or both, pretrained on the same tokens, steps and seeds; each domain's
 loss by position in the document, with the FwPKM writing while it reads and with writes off.
 
-    clp eval experiments/longctx.yaml                 # pretrains the missing bases, then evaluates
-    clp eval experiments/longctx.yaml --seeds 0,1,2 --variants attention,fwpkm
+    clp eval experiments/configs/longctx.yaml                 # pretrains the missing bases, then evaluates
+    clp eval experiments/configs/longctx.yaml --seeds 0,1,2 --variants attention,fwpkm
 
 The bases are ordinary cached bases (`experiments/base.py`): the family config names a run config
 (`base`) and, per variant, the model fields that differ (where the memories sit). Evaluation:
@@ -25,17 +25,16 @@ new seed evaluates only what is missing.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, read_yaml
+from cl_platform.check import ConfigError, check, is_int
+from experiments.studies.family import Family, check_variants
+from experiments.studies.study import cached, load_study, relative_to, study_folder, write_results
 
-MODEL_FIELDS = ("fwpkm_layers", "pkm_layers")  # what a variant may change: where the memories sit
 SETTINGS = ("off", "on")
 
 
@@ -51,12 +50,7 @@ class LongContextExperiment:
     bootstrap_samples: int = 1000
 
     def __post_init__(self) -> None:
-        check(isinstance(self.variants, dict) and bool(self.variants), self, "variants",
-              "must map variant names to the model fields they change")
-        for name, change in self.variants.items():
-            bad = [k for k in (change or {}) if k not in MODEL_FIELDS]
-            check(isinstance(change, dict) and not bad, self, "variants",
-                  f"variant {name!r} changes {bad or change!r}; a variant may set only {list(MODEL_FIELDS)}")
+        check_variants(self, self.variants)
         check(self.reference in self.variants, self, "reference", f"is not one of the variants {list(self.variants)}")
         b = self.buckets
         check(isinstance(b, list) and len(b) >= 2 and all(is_int(x, 0) for x in b) and b[0] == 0
@@ -73,26 +67,16 @@ def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] |
     """The experiment in a YAML file with `key=value` overrides; `base` becomes a path relative to
     it; `seeds` replaces the file's; `variants` keeps only those of the file's variants (the
     reference among them)."""
-    path = Path(path)
-    data = apply_overrides(read_yaml(path, "long-context config"), overrides, "long-context config")
-    if seeds is not None:
-        data["seeds"] = seeds
-    from experiments.seeds import keep_named
-
-    keep_named(data, "variants", variants, "--variants", path)
-    exp = from_mapping(LongContextExperiment, data, f"long-context config {path}", whole_file=True)
-    exp.base = str((path.parent / exp.base)) if not Path(exp.base).is_absolute() else exp.base
+    exp = load_study(LongContextExperiment, path, "long-context config", overrides, seeds,
+                     subset=("variants", variants, "--variants"))
+    exp.base = relative_to(path, exp.base)
     if not Path(exp.base).is_file():
         raise ConfigError(f"{path}: field 'base': run config {exp.base} does not exist")
     return exp
 
 
-def overrides(exp: LongContextExperiment, variant: str, seed: int) -> list[str]:
-    change = exp.variants[variant] or {}
-    out = [f"model.{k}={json.dumps(v)}" for k, v in change.items()] + [f"pretrain.seed={seed}"]
-    if exp.runs_root is not None:
-        out.append(f"runs_root={exp.runs_root}")
-    return out
+def family(exp: LongContextExperiment) -> Family:
+    return Family(base=exp.base, variants=exp.variants, runs_root=exp.runs_root)
 
 
 def context_positions(doc_start):
@@ -154,12 +138,7 @@ def score(setup, weights: dict, split: str, edges: list[int]) -> dict[str, dict[
 
 def prepare(exp: LongContextExperiment, variant: str, seed: int):
     """The variant's setup, checked against the experiment before any pretraining or scoring."""
-    from experiments.setup import load_setup
-
-    try:
-        setup = load_setup(exp.base, overrides(exp, variant, seed))
-    except ConfigError as err:
-        raise ConfigError(f"long-context variant {variant!r}: {err}") from None
+    setup = family(exp).setup(variant, seed, who="long-context")
     seq_len = setup.scenario.config.seq_len
     if seq_len > exp.buckets[-1]:
         raise ConfigError(f"long-context config field 'buckets': ends at {exp.buckets[-1]} but {exp.base} reads "
@@ -182,12 +161,9 @@ def evaluate(exp: LongContextExperiment, setup, variant: str, seed: int, say: Ca
 
 
 def folder_of(exp: LongContextExperiment) -> Path:
-    from cl_platform.config import load_config
-
-    runs_root = exp.runs_root or load_config(exp.base).runs_root
-    identity = {"base": Path(exp.base).read_text(encoding="utf-8"), "buckets": exp.buckets, "split": exp.split}
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(runs_root) / f"longctx-{key}"
+    fam = family(exp)
+    return study_folder(fam.resolved_runs_root(), "longctx", {"base": fam.identity()["base"], "buckets": exp.buckets,
+                                                              "split": exp.split})
 
 
 def run(exp: LongContextExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
@@ -197,23 +173,13 @@ def run(exp: LongContextExperiment, say: Callable[[str], None] = print) -> tuple
 
     setups = {(v, s): prepare(exp, v, s) for v in exp.variants for s in exp.seeds}  # every error first
     folder = folder_of(exp)
-    folder.mkdir(parents=True, exist_ok=True)
-    results = []
-    for variant in exp.variants:
-        for seed in exp.seeds:
-            path = folder / f"{variant}-seed{seed}.json"
-            result = json.loads(path.read_text()) if path.is_file() else None
-            # Reused only for the same base (a rebuilt or changed base is scored again).
-            if result is None or result.get("base_key") != base_key(setups[(variant, seed)]):
-                result = evaluate(exp, setups[(variant, seed)], variant, seed, say)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
-                tmp.replace(path)
-            results.append(result)
+    # A member is reused only for the same base (a rebuilt or changed base is scored again).
+    results = [cached(folder, variant, seed, lambda: evaluate(exp, setups[(variant, seed)], variant, seed, say),
+                      fresh=lambda r: r.get("base_key") == base_key(setups[(variant, seed)]))
+               for variant in exp.variants for seed in exp.seeds]
     summary = summarise(exp, results)
-    (folder / "results.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     text = table(exp, summary)
-    (folder / "table.txt").write_text(text + "\n", encoding="utf-8")
+    write_results(folder, summary, text)
     from analysis.positions import positions_figure
 
     fig = positions_figure({d: {v: summary["means"][v][d] for v in exp.variants} for d in summary["domains"]},

@@ -1,0 +1,84 @@
+"""The baseline family: one run config of the bases (`base`) and its variants, which differ only in
+where the memories sit (`variants`: name -> {fwpkm_layers, pkm_layers}), each an ordinary cached
+base per pretraining seed. The long-context study (`clp eval`) scores the family; the needle
+study (`clp niah`) fine-tunes and reads it. A family file is a long-context config: its `base`,
+`variants` and `runs_root` fields are the family, the rest is the long-context study's.
+
+    family = load_family("experiments/configs/longctx.yaml")
+    setup = family.setup("fwpkm", seed=0)        # experiments.setup.Setup of that variant's base
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cl_platform.check import ConfigError, check, read_yaml
+from experiments.studies.study import relative_to
+
+MODEL_FIELDS = ("fwpkm_layers", "pkm_layers")  # what a variant may change: where the memories sit
+
+
+def check_variants(owner: Any, variants: Any) -> None:
+    """`variants` must map names to changes of MODEL_FIELDS only (errors name `owner`'s field)."""
+    check(isinstance(variants, dict) and bool(variants), owner, "variants",
+          "must map variant names to the model fields they change")
+    for name, change in variants.items():
+        bad = [k for k in (change or {}) if k not in MODEL_FIELDS]
+        check(isinstance(change, dict) and not bad, owner, "variants",
+              f"variant {name!r} changes {bad or change!r}; a variant may set only {list(MODEL_FIELDS)}")
+
+
+@dataclass
+class Family:
+    base: str                          # the bases' run config (a path)
+    variants: dict[str, dict[str, Any]]
+    runs_root: str | None = None       # default: the base run config's runs_root
+
+    def __post_init__(self) -> None:
+        check_variants(self, self.variants)
+
+    def overrides(self, variant: str, seed: int) -> list[str]:
+        """The dotted overrides that make variant `variant`'s base of pretraining seed `seed`."""
+        change = self.variants[variant] or {}
+        out = [f"model.{k}={json.dumps(v)}" for k, v in change.items()] + [f"pretrain.seed={seed}"]
+        if self.runs_root is not None:
+            out.append(f"runs_root={self.runs_root}")
+        return out
+
+    def setup(self, variant: str, seed: int, who: str = "family"):
+        """The variant's `experiments.setup.Setup` (its config checked; nothing pretrained);
+        errors start with `who` (the study asking)."""
+        from experiments.setup import load_setup
+
+        try:
+            return load_setup(self.base, self.overrides(variant, seed))
+        except ConfigError as err:
+            raise ConfigError(f"{who} variant {variant!r}: {err}") from None
+
+    def resolved_runs_root(self) -> str:
+        from cl_platform.config import load_config
+
+        return self.runs_root or load_config(self.base).runs_root
+
+    def identity(self) -> dict[str, Any]:
+        """What determines the family's bases: the base run config's settings (its parsed YAML, so
+        a comment changes nothing; a cached member is reused only for the same base key anyway)
+        and the variants."""
+        return {"base": read_yaml(self.base, "run config"), "variants": self.variants}
+
+
+def load_family(path: str | Path) -> Family:
+    """The family part of a family (long-context) config file; `base` relative to the file."""
+    data = read_yaml(path, "family config")
+    if "base" not in data:
+        raise ConfigError(f"family config {path}: field 'base' is required (the bases' run config)", field="base")
+    try:
+        family = Family(base=relative_to(path, str(data["base"])), variants=data.get("variants"),
+                        runs_root=data.get("runs_root"))
+    except ConfigError as err:
+        raise ConfigError(f"family config {path}: {err}", field=err.field) from None
+    if not Path(family.base).is_file():
+        raise ConfigError(f"family config {path}: field 'base': run config {family.base} does not exist", field="base")
+    return family
