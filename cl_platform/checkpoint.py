@@ -10,7 +10,9 @@ resumable checkpoint also keeps the one before it (`last.ckpt` + `prev.ckpt`): o
 is complete on disk, the old `last.ckpt` is renamed to `prev.ckpt` and the new one to `last.ckpt`,
 so at every moment at least one complete checkpoint is on disk (a kill between the two renames
 leaves only `prev.ckpt`), and a newest file that was damaged after it was written (a full disk
-elsewhere, a bad copy, a truncated transfer) falls back to the previous one (`load_latest`).
+elsewhere, a bad copy, a truncated transfer) falls back to the previous one (`load_latest`), which
+moves the damaged file aside (`last.ckpt.unreadable`) so that the next rotation keeps the good
+`prev.ckpt` instead of it.
 """
 
 from __future__ import annotations
@@ -90,11 +92,14 @@ def load_latest(path: str | os.PathLike[str], kind: str, model_config: Any | Non
     except CheckpointUnreadable as err:
         if not previous.is_file():
             raise
-        say(f"{err}; continuing from the previous checkpoint {previous} (the next checkpoint replaces {path.name})")
         try:
-            return load_checkpoint(previous, kind, model_config), previous
+            data = load_checkpoint(previous, kind, model_config)
         except CheckpointUnreadable as err2:
             raise CheckpointError(f"{err}; and the previous one: {err2}") from None
+        aside = path.with_name(path.name + ".unreadable")
+        os.replace(path, aside)
+        say(f"{err}; continuing from the previous checkpoint {previous} (the unreadable file is kept as {aside.name})")
+        return data, previous
 
 
 def load_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any | None = None) -> dict[str, Any]:

@@ -124,9 +124,6 @@ class ContinualRunner:
         )
         self.saved_step: int | None = None
         self.saved_path = self.ckpt_path
-        # False right after resuming from prev.ckpt: the unreadable last.ckpt must not become the
-        # new prev.ckpt, so the next save replaces it instead of rotating it.
-        self.rotate = True
         # Wall seconds per phase ("row0_eval", "exp<t>_train", "exp<t>_eval"), in the checkpoint
         # so that they add up over restarts; written to run.json after every row.
         self.clock = PhaseClock()
@@ -345,13 +342,11 @@ class ContinualRunner:
                 "results": self.results.to_dict(),
                 "position": self.position.state_dict(),
                 "seconds": self.clock.state_dict(),
-            }, keep_previous=self.rotate)
-        self.rotate = True
+            }, keep_previous=True)
         self.saved_step, self.saved_path = self.position.step, self.ckpt_path
 
     def _restore(self, path: str | os.PathLike[str]) -> None:
-        data, used = load_latest(path, "run", self.module.model.config, say=self.say if self.is_rank_zero else _quiet)
-        self.rotate = Path(used) == Path(path)
+        data, used = load_latest(path, "run", self.module.model.config, say=self.say if self.is_rank_zero else lambda _: None)
         self.saved_path = Path(used)
         if data.get("config_hash") != self.results.config_hash:
             raise RunDirError(f"checkpoint {path} belongs to run {data.get('config_hash')!r}, "
@@ -368,5 +363,3 @@ class ContinualRunner:
         self.saved_step = self.position.step
 
 
-def _quiet(_: str) -> None:
-    pass

@@ -104,7 +104,6 @@ class Pretrainer:
         self.logger = TensorBoardLogger(save_dir=str(self.out_dir), name="", version="tensorboard",
                                         default_hp_metric=False)
         self.trainer: L.Trainer | None = None
-        self.rotate = True
         self.saved_step: int | None = None
         self.saved_path = self.out_dir / PROGRESS
         self.record: dict[str, Any] = {
@@ -209,14 +208,11 @@ class Pretrainer:
         save_checkpoint(self.out_dir / PROGRESS, "pretrain", self.module.model.config, {
             "key": self.key, "model": self.module.model.state_dict(), "optimizer": optimizer,
             "step": self.position.step, "record": self.record,
-        }, keep_previous=self.rotate)
-        self.rotate = True
+        }, keep_previous=True)
         self.saved_step, self.saved_path = self.position.step, self.out_dir / PROGRESS
 
     def _restore(self, path: Path) -> None:
         data, used = load_latest(path, "pretrain", self.module.model.config)
-        # Continued from prev.ckpt: the unreadable last.ckpt is replaced, not kept as prev.ckpt.
-        self.rotate = used == path
         self.saved_step, self.saved_path = data.get("step"), used
         if data.get("key") != self.key:
             raise RunStopped(f"{path} belongs to another pretraining ({data.get('key')}, expected {self.key})")

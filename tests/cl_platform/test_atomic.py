@@ -120,6 +120,7 @@ def test_load_latest_falls_back_to_the_previous_checkpoint_only_when_the_newest_
     last.write_bytes(data[: len(data) // 3])
     loaded, used = load_latest(last, "run", {"d": 1}, say=said.append)
     assert (loaded["step"], used) == (1, prev)
+    assert not last.exists() and (tmp_path / "last.ckpt.unreadable").is_file()  # the next save keeps prev.ckpt
     assert len(said) == 1 and f"checkpoint {last} cannot be read" in said[0] and f"from the previous checkpoint {prev}" in said[0]
     with pytest.raises(CheckpointError, match="different model config"):  # not a reason to fall back
         save(last, 3)

@@ -248,7 +248,8 @@ def test_a_corrupted_last_checkpoint_falls_back_to_the_previous_one_and_resume_e
     assert f"continuing from the previous checkpoint {prev}" in resumed.stdout
     assert f"resuming {folder} from {prev}" in resumed.stdout
     same_results(whole, folder)
-    # The unreadable file was replaced, not kept as the previous checkpoint.
+    # The unreadable file was moved aside, not rotated into the previous checkpoint.
+    assert (folder / "checkpoints" / "last.ckpt.unreadable").read_bytes() == data[: len(data) // 2]
     assert load_checkpoint(prev, "run")["position"]["step"] >= steps[1]
 
 
