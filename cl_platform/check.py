@@ -15,6 +15,8 @@ positive int`), so the same check serves Python users and YAML / command-line us
 
 from __future__ import annotations
 
+import difflib
+
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -71,7 +73,9 @@ def check_keys(cls: type, data: Any, where: str) -> None:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(known)}", field=where)
+        near = [m for key in unknown for m in difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.5)]
+        hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+        raise ConfigError(f"{where}: unknown key(s) {unknown}{hint} Expected some of {sorted(known)}", field=where)
 
 
 def from_mapping(cls: type, data: Any, where: str, whole_file: bool = False) -> Any:

@@ -23,7 +23,8 @@ Sections (every field has a default; a YAML file and the command line change onl
                          strategy:
                            - {name: replay, kwargs: {size: 64, policy: balanced, ratio: 0.25}}
                            - {name: slot_freezing, kwargs: {fraction: 0.05}}
-                     A list of one is that one strategy (the mapping form, identity included).
+                     The mapping form is a list of one (`RunConfig.strategy` is always a list;
+                     a list of one is saved as the mapping, so its identity is the same).
                      The same name may appear twice (two instances; a loss term both return is
                      refused when the run computes it). Dotted overrides (`strategy.name=replay`)
                      reach the mapping form only; a list is overridden whole, in YAML flow syntax:
@@ -49,7 +50,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,9 +198,10 @@ class RunConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     base_checkpoint: str | None = None
     cl: CLConfig = field(default_factory=CLConfig)
-    # One strategy, or several composed in order (a list; see the module docstring). The mapping
-    # form serialises exactly as before lists existed, so existing run identities are unchanged.
-    strategy: StrategyConfig | list[StrategyConfig] = field(default_factory=StrategyConfig)
+    # The strategies, composed in order (see the module docstring). The YAML's mapping form
+    # `strategy: {name, kwargs}` is a list of one; `to_dict` writes a list of one back as that
+    # mapping, so run identities made before lists existed are unchanged.
+    strategy: list[StrategyConfig] = field(default_factory=lambda: [StrategyConfig()])
     seed: int = 0
     name: str | None = None
     runs_root: str = "runs"
@@ -223,26 +224,30 @@ class RunConfig:
         check(self.name is None or (isinstance(self.name, str) and bool(self.name) and "/" not in self.name),
               self, "name", "must be a non-empty string without '/', or null")
         check(isinstance(self.runs_root, str) and bool(self.runs_root), self, "runs_root", "must be a path")
-        check(isinstance(self.strategy, StrategyConfig)
-              or (isinstance(self.strategy, list) and bool(self.strategy)
-                  and all(isinstance(s, StrategyConfig) for s in self.strategy)),
-              self, "strategy", "must be a StrategyConfig or a non-empty list of them")
-        if isinstance(self.strategy, list) and len(self.strategy) == 1:
-            # A list of one is that strategy: one form, so one identity and one kind of checkpoint.
-            self.strategy = self.strategy[0]
+        if isinstance(self.strategy, StrategyConfig):
+            self.strategy = [self.strategy]  # the one place the single form becomes the list
+        check(isinstance(self.strategy, list) and bool(self.strategy)
+              and all(isinstance(s, StrategyConfig) for s in self.strategy),
+              self, "strategy", "must be a non-empty list of StrategyConfig")
 
     @property
-    def strategies(self) -> list[StrategyConfig]:
-        """The configured strategies in order (one for the mapping form)."""
-        return list(self.strategy) if isinstance(self.strategy, list) else [self.strategy]
+    def strategy_fields(self) -> list[tuple[str, StrategyConfig]]:
+        """(field path, member) in order: `strategy` for a single strategy, `strategy[i]` for a
+        composed list, as errors, TensorBoard's hparams and the YAML name them."""
+        if len(self.strategy) == 1:
+            return [("strategy", self.strategy[0])]
+        return [(f"strategy[{i}]", s) for i, s in enumerate(self.strategy)]
 
     @property
     def strategy_name(self) -> str:
         """The run's strategy name in results and printouts: the members' names joined by '+'."""
-        return "+".join(s.name for s in self.strategies)
+        return "+".join(s.name for s in self.strategy)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if len(self.strategy) == 1:
+            data["strategy"] = data["strategy"][0]  # the mapping form: identities as before lists existed
+        return data
 
 
 # --- loading --------------------------------------------------------------------------------------
@@ -280,7 +285,7 @@ def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
             raise ConfigError("run config field 'strategy': the file gives a list of strategies; "
                               "override it whole, e.g. 'strategy=[{name: replay}, {name: naive}]'", field="strategy")
     user = OmegaConf.merge(OmegaConf.create(raw), cli)  # untyped layering: file, then command line
-    # A list of strategies is checked element by element; the typed tree keeps the mapping form.
+    # The strategies are checked member by member, apart from the typed tree.
     members = _strategy_members(user)
     model = user.get("model")
     preset = model.get("preset", "small") if model is not None and OmegaConf.is_dict(model) else "small"
@@ -297,7 +302,7 @@ def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
     merged = _typed_merge(schema, user)
     cfg = _build(RunConfig, merged, "")
     if members is not None:
-        cfg = dataclasses.replace(cfg, strategy=members)
+        cfg = dataclasses.replace(cfg, strategy=members)  # else the default, [naive]
     # Paths in the YAML file are relative to its folder; paths on the command line to the working directory.
     for key in ("stream", "base_checkpoint"):
         value = getattr(cfg, key)
@@ -308,14 +313,22 @@ def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
 
 
 def _strategy_members(user: Any) -> list[StrategyConfig] | None:
-    """The list form of `strategy`, each element checked and built (errors at `strategy[i]...`),
-    and removed from `user`; None for the mapping form (typed with the rest of the tree)."""
+    """`strategy` as its list of members, each checked and built, and removed from `user`; None
+    when the config names none. Errors: `strategy.name` for the mapping form, `strategy[i].name`
+    for a list."""
     from omegaconf import OmegaConf
 
-    node = user.get("strategy")
-    if not OmegaConf.is_list(node):
+    if "strategy" not in user:
         return None
+    node = user.get("strategy")
     del user["strategy"]
+    if OmegaConf.is_dict(node):
+        merged = _typed_merge(OmegaConf.structured(StrategyConfig), node, prefix="strategy")
+        return [_build(StrategyConfig, merged, "strategy")]
+    if not OmegaConf.is_list(node):
+        value = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+        why = "must be a mapping {name, kwargs} or a non-empty list of them"
+        raise ConfigError(f"run config field 'strategy': {value!r} {why}", field="strategy", value=value, why=why)
     if len(node) == 0:
         why = "must be a mapping {name, kwargs} or a non-empty list of them"
         raise ConfigError(f"run config field 'strategy': [] {why}", field="strategy", value=[], why=why)
@@ -372,14 +385,14 @@ def _build(cls: type, node: Any, where: str) -> Any:
     for f in dataclasses.fields(cls):
         value, kind = node[f.name], hints[f.name]
         sub = f"{where}.{f.name}" if where else f.name
-        item = typing.get_args(kind)[1] if typing.get_origin(kind) is dict else None
-        if typing.get_origin(kind) in (typing.Union, types.UnionType) and OmegaConf.is_dict(value):
-            # A mapping for a union with a dataclass arm (`strategy`: one StrategyConfig or a list).
-            kind = next((arm for arm in typing.get_args(kind) if dataclasses.is_dataclass(arm)), kind)
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+        item = args[-1] if origin in (dict, list) else None
         if dataclasses.is_dataclass(kind):
             kwargs[f.name] = _build(kind, value, sub)
-        elif item is not None and dataclasses.is_dataclass(item):
+        elif origin is dict and dataclasses.is_dataclass(item):
             kwargs[f.name] = {str(k): _build(item, v, f"{sub}.{k}") for k, v in value.items()}
+        elif origin is list and dataclasses.is_dataclass(item):
+            kwargs[f.name] = [_build(item, v, f"{sub}[{i}]") for i, v in enumerate(value)]
         else:
             kwargs[f.name] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     try:

@@ -79,9 +79,7 @@ class HparamsSummary(RunCallback):
             "config_hash": runner.results.config_hash[:12],
         }
         # One strategy's arguments as `strategy.<arg>`; a composed list's as `strategy[i].<arg>`.
-        members = [("strategy", cfg.strategy)] if not isinstance(cfg.strategy, list) else \
-            [(f"strategy[{i}]", s) for i, s in enumerate(cfg.strategy)]
-        params.update({f"{where}.{k}": v for where, s in members for k, v in s.kwargs.items()
+        params.update({f"{where}.{k}": v for where, s in cfg.strategy_fields for k, v in s.kwargs.items()
                        if isinstance(v, (int, float, str, bool))})
         # The registry's metrics (analysis.metrics.METRICS) in summary order, the finite ones.
         s = summary(runner.results)

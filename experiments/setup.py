@@ -90,10 +90,9 @@ def make_strategy(setup: Setup):
     its members in order; errors name the element (`strategy[1].name`)."""
     from cl_platform.strategy import CompositeStrategy
 
-    cfg = setup.config
-    if not isinstance(cfg.strategy, list):
-        return _make_one(cfg.strategy, "strategy", setup)
-    return CompositeStrategy([_make_one(spec, f"strategy[{i}]", setup) for i, spec in enumerate(cfg.strategy)])
+    members = [_make_one(spec, where, setup) for where, spec in setup.config.strategy_fields]
+    # One strategy runs as itself (its checkpoint state is its own, as before lists existed).
+    return members[0] if len(members) == 1 else CompositeStrategy(members)
 
 
 def _make_one(spec, where: str, setup: Setup):

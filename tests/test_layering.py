@@ -74,6 +74,36 @@ def test_dependency_direction(path):
     assert not bad, f"{owner} must not import these (see docs/architecture.md):\n" + "\n".join(bad)
 
 
+# Studies share only the skeleton and the baseline family; one study never imports another's
+# internals (a shared piece moves into one of these instead).
+STUDY_SHARED = {"experiments.studies", "experiments.studies.study", "experiments.studies.family"}
+
+
+def _study_imports_of_other_studies(root: Path) -> list[str]:
+    studies = root / "experiments" / "studies"
+    bad = []
+    for path in sorted(studies.glob("*.py")):
+        me = _module_name(path)
+        for line, name in _imported_modules(path):
+            if name.startswith("experiments.studies") and name not in STUDY_SHARED | {me}:
+                bad.append(f"{path.relative_to(root)}:{line} imports {name}")
+    return bad
+
+
+def test_no_study_imports_another_study():
+    bad = _study_imports_of_other_studies(ROOT)
+    assert not bad, "a study imports another study (share through study.py or family.py):\n" + "\n".join(bad)
+
+
+def test_the_study_rule_finds_a_study_import(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    studies = tmp_path / "experiments" / "studies"
+    studies.mkdir(parents=True)
+    (studies / "a.py").write_text("from experiments.studies.study import cached\nfrom .family import Family\n")
+    (studies / "b.py").write_text("def f():\n    from experiments.studies.a import helper\n")
+    assert _study_imports_of_other_studies(tmp_path) == ["experiments/studies/b.py:2 imports experiments.studies.a"]
+
+
 def test_resolves_relative_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     module = tmp_path / "analysis" / "sub" / "mod.py"

@@ -92,7 +92,7 @@ def test_overrides_of_nested_list_and_boolean_fields(tmp_path):
     ])
     assert cfg.cl.fwpkm.lr_values == 0.3 and cfg.cl.fwpkm.lookahead is False
     assert cfg.order == ["math", "law", "math"] and cfg.model.fwpkm_layers == [3] and cfg.seed == 1
-    assert cfg.strategy.kwargs == {"alpha": 0.5} and cfg.cl.lr == 0.001  # the file's value stays
+    assert cfg.strategy[0].kwargs == {"alpha": 0.5} and cfg.cl.lr == 0.001  # the file's value stays
     with pytest.raises(ConfigError, match=r"'cl.fwpkm.lookahead'.*not a valid bool"):
         load_config(write(tmp_path, ""), ["cl.fwpkm.lookahead=maybe"])
     with pytest.raises(ConfigError, match=r"'cl.fwpkm.chunk'.*could not be converted to Integer"):

@@ -65,6 +65,18 @@ def test_every_config_command_answers_each_bad_file_with_one_line(capsys, tmp_pa
     line = error_line(capsys, [*argv, str(unknown)], command)
     assert str(unknown) in line and "no_such_key" in line, line
 
+    # A near miss of a real field is answered with it. The typo replaces the field, so the file
+    # would be refused for it even without the hint; the hint is what is asserted.
+    (tmp_path / "t").mkdir()
+    data = yaml.safe_load((EXPERIMENTS / name).read_text())
+    real = sorted(k for k in data if k not in relative)[0]
+    typo = shipped_with(tmp_path / "t", name, relative, {real[:-1]: data[real]})
+    raw = yaml.safe_load(typo.read_text())
+    del raw[real]
+    typo.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    line = error_line(capsys, [*argv, str(typo)], command)
+    assert f"did you mean '{real}'" in line, line
+
     (tmp_path / "v").mkdir()
     valued = shipped_with(tmp_path / "v", name, relative, bad)
     line = error_line(capsys, [*argv, str(valued)], command)

@@ -299,7 +299,7 @@ def test_the_shipped_sweep_loads():
     assert sweep.objective.is_multi and not sweep.prunes
     ewc = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "configs" / "sweeps" / "ewc_lambda.yaml")
     setup = sc.check_runs(ewc, "ewc_lambda.yaml")  # the fixed overrides and the space load through the run config
-    assert setup.config.cl.mode == "finetune" and setup.config.strategy.name == "ewc"
+    assert setup.config.cl.mode == "finetune" and setup.config.strategy_name == "ewc"
 
 
 POSTGRES = os.environ.get("CLP_TEST_POSTGRES_URL")

@@ -90,7 +90,7 @@ def test_the_mapping_form_serialises_as_before_lists_existed(tmp_path):
 
 def test_dotted_overrides_reach_the_mapping_form_and_a_list_is_overridden_whole(tmp_path):
     cfg = load_config(write(tmp_path, "strategy: {name: replay}"), ["strategy.name=ewc", "strategy.kwargs={lam: 2.0}"])
-    assert cfg.strategy == StrategyConfig("ewc", {"lam": 2.0})
+    assert cfg.strategy == [StrategyConfig("ewc", {"lam": 2.0})]
     cfg = load_config(write(tmp_path, "strategy: {name: replay}"), ["strategy=[{name: replay}, {name: naive}]"])
     assert cfg.strategy_name == "replay+naive"
     cfg = load_config(write(tmp_path, COMPOSED), ["strategy=[{name: ewc}, {name: naive, kwargs: {}}]"])
@@ -145,7 +145,12 @@ def test_python_construction_checks_the_list():
     with pytest.raises(ConfigError, match="strategy"):
         RunConfig(strategy=[{"name": "naive"}])
     cfg = RunConfig(strategy=[StrategyConfig("replay"), StrategyConfig("naive")])
-    assert cfg.strategy_name == "replay+naive" and RunConfig(strategy=[StrategyConfig("ewc")]).strategy == StrategyConfig("ewc")
+    assert cfg.strategy_name == "replay+naive" and cfg.strategy_fields[1] == ("strategy[1]", StrategyConfig("naive"))
+    # The single form is a list of one, named `strategy` in errors and hparams, saved as the mapping.
+    one, listed = RunConfig(strategy=StrategyConfig("ewc")), RunConfig(strategy=[StrategyConfig("ewc")])
+    assert one == listed and one.strategy == [StrategyConfig("ewc")] and one.strategy_fields == [("strategy", StrategyConfig("ewc"))]
+    assert one.to_dict()["strategy"] == {"name": "ewc", "kwargs": {}}
+    assert cfg.to_dict()["strategy"] == [{"name": "replay", "kwargs": {}}, {"name": "naive", "kwargs": {}}]
 
 
 @pytest.mark.slow
