@@ -1,7 +1,8 @@
 """Where a domain's documents come from, and loading them through Hugging Face `datasets`.
 
 A domain's `source` is one of:
-- `corpus:<name>`   a corpus shipped in `streams/corpora/<name>/` (math, law, code, web);
+- `corpus:<name>`   a corpus shipped in `streams/corpora/<name>/` (math, law, code, web), or one
+  built there from pinned sources (`general`: `clp data build-general`, streams/general_corpus.py);
 - `hub:<dataset id>` a Hugging Face Hub dataset (`hub_subset`, `hub_split` choose the part);
   needs the network or a copy in the local `datasets` cache;
 - a local file, a glob (`data/*.jsonl.gz`, `**` allowed) or a list of them; the format comes from
@@ -131,13 +132,27 @@ def _rebase(source: Any, base_dir: Path) -> Any:
     return [one(s) for s in source] if isinstance(source, list) else one(source)
 
 
+BUILT_MANIFEST = "SOURCES.json"  # marks a corpus built locally from pinned sources (streams/general_corpus.py)
+
+
 def shipped_corpora() -> list[str]:
-    return sorted(p.name for p in CORPORA_DIR.iterdir() if p.is_dir() and any(p.glob("*/*.jsonl.gz")))
+    """Corpora whose data ship with the package; a locally built one (`general`) is not among them."""
+    return sorted(
+        p.name for p in CORPORA_DIR.iterdir()
+        if p.is_dir() and not (p / BUILT_MANIFEST).is_file() and any(p.glob("*/*.jsonl.gz"))
+    )
 
 
 def corpus_files(name: str) -> list[Path]:
-    """The files of a shipped corpus, in the (sorted) order that defines its document order."""
-    files = sorted((CORPORA_DIR / name).glob("*/*.jsonl.gz"))
+    """The files of a shipped (or locally built) corpus, in the sorted order that defines its document order."""
+    folder = CORPORA_DIR / name
+    files = sorted(folder.glob("*/*.jsonl.gz"))
+    if not files and (folder / BUILT_MANIFEST).is_file():
+        try:
+            command = json.loads((folder / BUILT_MANIFEST).read_text(encoding="utf-8"))["build_command"]
+        except (OSError, ValueError, KeyError, TypeError):
+            command = f"see {folder / 'README.md'}"
+        raise FileNotFoundError(f"corpus '{name}' is not built: run `{command}`")
     if not files:
         raise FileNotFoundError(f"no shipped corpus '{name}'; shipped: {shipped_corpora()}")
     return files

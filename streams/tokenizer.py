@@ -34,6 +34,7 @@ class Tokenizer:
 
     def __init__(self, raw_json: bytes, path: Path | None = None):
         self.path = path
+        self.raw_json = raw_json  # the file's bytes: what the fingerprint is of, and what gets written
         self.fingerprint = hashlib.sha256(raw_json).hexdigest()
         self._tok = tokenizers.Tokenizer.from_str(raw_json.decode("utf-8"))
         self._tok.encode_special_tokens = True  # see module docstring: text never becomes EOT/PAD

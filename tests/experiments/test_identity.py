@@ -121,7 +121,13 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     for stem, loader in others.items():
         loader(root / f"{stem}.yaml")
     configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml")) if p.stem not in others}
-    assert set(configs) == {"default", "indomain", "longctx_base"}
+    assert set(configs) == {"default", "indomain", "longctx_base", "reference"}
+    # The reference base reads every pretraining token once, and streams only domains it never saw.
+    ref = configs["reference"]
+    ref_stream = load_stream_config(ref.stream)
+    pretrained = {d.name: ref_stream.budget(d.name).pretrain for d in ref_stream.domains if ref_stream.budget(d.name).pretrain}
+    assert ref.pretrain.steps * ref.pretrain.batch_size * ref_stream.seq_len == sum(pretrained.values())
+    assert set(pretrained) == {"books", "wiki"} and not set(pretrained) & set(ref_stream.experience_domains)
     assert configs["longctx_base"].pretrain.batch_size * 2048 == 8 * 512  # the main job's tokens per step
     default = configs["default"]
     assert (default.pretrain.precision, default.cl.precision) == ("bf16-mixed", "bf16-mixed")
