@@ -129,12 +129,37 @@ PRESETS = {
 
 
 @functools.lru_cache(maxsize=16)
-def _band_mask(T: int, window: int, device: torch.device) -> Tensor:
-    """(T, T) bool, True where query i may attend key j: j <= i and i - j < window."""
-    with torch.inference_mode(False):  # a mask made under inference_mode could not be reused in training
-        i = torch.arange(T, device=device).unsqueeze(1)
-        j = torch.arange(T, device=device).unsqueeze(0)
-        return (j <= i) & (i - j < window)
+def _block_band_mask(n_blocks: int, window: int, device: torch.device) -> Tensor:
+    """(n_blocks, W, 2W) bool for `sliding_window_attention`: query i of a block may attend key j
+    of [previous block, own block] iff i < j <= i + W (the last W positions, itself included);
+    the first block has no previous one (its first W keys are padding)."""
+    with torch.inference_mode(False):
+        i = torch.arange(window, device=device).unsqueeze(1)
+        j = torch.arange(2 * window, device=device).unsqueeze(0)
+        band = (j > i) & (j <= i + window)  # (W, 2W)
+        mask = band.expand(n_blocks, window, 2 * window).clone()
+        mask[0, :, :window] = False
+        return mask
+
+
+def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, dropout_p: float = 0.0) -> Tensor:
+    """Causal attention to the last `window` positions (self included) of q, k, v (B, nh, T, hd),
+    in blocks of `window` queries that each read their own block and the previous one: 2·T·W
+    scores instead of the T² of a masked dense product (8x fewer at T = 2,048, W = 128). The same
+    function as SDPA with a dense (T, T) band mask (tests/cl_platform/test_model.py compares
+    outputs and gradients); the sums run in another order, so results agree to rounding, not bit for bit."""
+    B, H, T, D = q.shape
+    W = window
+    pad = (-T) % W  # padded queries are dropped; padded keys lie after every real query (causal)
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    n = (T + pad) // W
+    qb, kb, vb = (t.reshape(B, H, n, W, D) for t in (q, k, v))
+    # Keys and values of [previous block, own block]: (B, nh, n, 2W, hd); block 0's previous is zeros (masked).
+    kk = torch.cat([F.pad(kb, (0, 0, 0, 0, 1, 0))[:, :, :-1], kb], dim=3)
+    vv = torch.cat([F.pad(vb, (0, 0, 0, 0, 1, 0))[:, :, :-1], vb], dim=3)
+    y = F.scaled_dot_product_attention(qb, kk, vv, attn_mask=_block_band_mask(n, W, q.device), dropout_p=dropout_p)
+    return y.reshape(B, H, n * W, D)[:, :, :T]
 
 
 @functools.lru_cache(maxsize=16)
@@ -177,14 +202,11 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         cos, sin = _rope_cos_sin(T, self.head_dim, self.rope_base, x.device)  # (T, hd/2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, nh, T, hd)
-        # a window at least T long is plain causal attention, which SDPA runs faster
-        mask = _band_mask(T, self.window, x.device) if self.uses_window() and T > self.window else None
-        y = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=mask,
-            is_causal=mask is None,
-            dropout_p=self.dropout if self.training else 0.0,
-        )  # (B, nh, T, hd)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.uses_window() and T > self.window:
+            y = sliding_window_attention(q, k, v, self.window, dropout_p)  # (B, nh, T, hd)
+        else:  # a window at least T long is plain causal attention
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, d)))
 
 

@@ -15,6 +15,7 @@ from cl_platform.model import (
     _rope_cos_sin,
     apply_rope,
     count_parameters,
+    sliding_window_attention,
 )
 from cl_platform.optim import MixedAdamW
 
@@ -51,6 +52,29 @@ def test_sliding_window_reach(n_layer):
     expected = torch.zeros(T, dtype=torch.bool)
     expected[pos : pos + reach + 1] = True
     assert torch.equal(changed, expected)
+
+
+def _dense_band_attention(q, k, v, window):
+    """The reference: SDPA over all T x T scores with the band mask (key j <= query i, i - j < window)."""
+    T = q.shape[2]
+    i, j = torch.arange(T).unsqueeze(1), torch.arange(T).unsqueeze(0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (i - j < window))
+
+
+@pytest.mark.parametrize("T, window", [(63, 8), (100, 16), (128, 16), (129, 16), (7, 16)])
+def test_blocked_sliding_window_attention_equals_the_dense_band(T, window):
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, 3, T, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    fast, ref = sliding_window_attention(q, k, v, window), _dense_band_attention(q, k, v, window)
+    assert fast.shape == ref.shape and torch.allclose(fast, ref, atol=1e-12, rtol=0)
+    w = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad((fast * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))
+    assert all(torch.allclose(a, b, atol=1e-12, rtol=0) for a, b in zip(*grads))
+    # The window is real: plain causal attention differs wherever a query has more than `window` keys.
+    if T > window:
+        causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert (causal - fast)[:, :, window:].abs().amax() > 1e-3
+        assert torch.allclose(causal[:, :, :window], fast[:, :, :window], atol=1e-12, rtol=0)
 
 
 def test_causality_without_memory():
