@@ -15,7 +15,9 @@ base (or an unfinished pretraining) whose record differs from the running code, 
 before bases recorded their code), is stale. By default a stale cached base is moved aside to
 `pretrain-<key[:12]>.stale-<its code hash[:12] or 'unknown'>` and rebuilt in place, and a stale
 `base_checkpoint` is refused; `reuse_stale=True` (`clp run --reuse-stale-base`) uses it anyway,
-and run.json says so. A check rather than the key, because it can say which files differ (a new
+and run.json says so — except that a given base whose `probe.json` (written beside every base it
+pretrains; experiments/base_probe.py) this code reproduces is the same function, and is used
+with a note naming the files that differ. A check rather than the key, because it can say which files differ (a new
 key cannot), it finds bases made before the check with the same rule, and run folders (whose
 identity includes the base key) do not all change name at every code edit.
 """
@@ -28,6 +30,8 @@ from typing import Any, Callable
 
 from cl_platform.checkpoint import CheckpointError, load_checkpoint
 from cl_platform.provenance import base_code, changed_modules
+from experiments.base_probe import PROBE_FILE, probe_difference, write_probe
+from experiments.base_probe import TOLERANCE as PROBE_TOLERANCE
 from experiments.setup import Setup, base_key, build_model
 
 REUSE_FLAG = "--reuse-stale-base"
@@ -104,6 +108,7 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
         progress_bar=progress_bar,
     )
     record = pretrainer.run()
+    write_probe(out, model.state_dict(), setup.model_config, cfg.pretrain.fwpkm)  # lets other code check it, once given
     say(f"base model: {base} ({describe(record)})")
     return base, record, False, model.state_dict()
 
@@ -127,11 +132,22 @@ def given_base(setup: Setup, say: Callable[[str], None], reuse_stale: bool = Fal
         raise CheckpointError(f"checkpoint {path} has no pretraining key")
     record = data.get("record") if isinstance(data.get("record"), dict) else {}
     change = code_change(record)
-    if change is not None and not reuse_stale:
-        raise CheckpointError(f"checkpoint {path} was built by {change}; pass {REUSE_FLAG} to use it anyway, "
-                              f"or leave base_checkpoint unset to pretrain a base with this code")
     check_loads(path, data["model"], setup)
-    note = "" if change is None else f"; built by {change}, used anyway ({REUSE_FLAG})"
+    note = ""
+    if change is not None:
+        # Built by other code: still the same base if this code computes the same function with it.
+        diff = probe_difference(path.parent, data["model"], setup.model_config, setup.config.pretrain.fwpkm)
+        same = diff is not None and diff <= PROBE_TOLERANCE
+        record = {**record, "probe_difference": diff}
+        if same:
+            note = f"; built by {change}, the same function on its probe ({diff:.1e} nats)"
+        elif reuse_stale:
+            note = f"; built by {change}, used anyway ({REUSE_FLAG})"
+        else:
+            probe = (f"its probe ({path.parent / PROBE_FILE}) differs by {diff:.3g} nats under this code"
+                     if diff is not None else f"it has no {PROBE_FILE} beside it to check")
+            raise CheckpointError(f"checkpoint {path} was built by {change}, and {probe}; pass {REUSE_FLAG} "
+                                  f"to use it anyway, or leave base_checkpoint unset to pretrain a base with this code")
     say(f"base model: {path} (given by base_checkpoint{note})")
     return {"source": "checkpoint", "key": data["key"]}, data["model"], record
 
@@ -181,10 +197,17 @@ def base_entry(path: Path, record: dict, how: str) -> dict[str, Any]:
         "key": record.get("key"),
         "code": code.get("combined"),  # None: made before bases recorded their code
         # A base built by other code is only ever used when asked for (--reuse-stale-base).
-        "reused_stale": changed != [],
+        "reused_stale": changed != [] and not same_function(record),
         "changed_modules": changed if changed is not None else "unknown",
         "pretraining_seconds": record.get("seconds"),
+        # A given base built by other code: max |Δ| of its probe under this code (None: not checked).
+        "probe_difference": record.get("probe_difference"),
     }
+
+
+def same_function(record: dict) -> bool:
+    diff = record.get("probe_difference")
+    return diff is not None and diff <= PROBE_TOLERANCE
 
 
 def describe(record: dict) -> str:

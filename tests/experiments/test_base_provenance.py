@@ -78,7 +78,7 @@ def test_a_cached_base_built_by_other_code_is_named_kept_aside_and_rebuilt(tiny,
     meta = run_json(folder)
     assert meta["base"] == {"path": str(cache / "base.ckpt"), "how": "pretrained", "key": rebuilt["key"],
                             "code": base_code()["combined"], "reused_stale": False, "changed_modules": [],
-                            "pretraining_seconds": record["seconds"]}
+                            "pretraining_seconds": record["seconds"], "probe_difference": None}
     timings = meta["timings"]
     assert timings["base_pretraining"] == record["seconds"]
     phases = [timings["row0_eval"]] + [e[k] for e in timings["experiences"] for k in ("train", "eval")]
@@ -145,7 +145,8 @@ def test_a_given_base_built_by_other_code_is_refused_unless_reuse_is_asked(tiny,
     path = tiny.config(tmp_path / "given.yaml", runs_root=str(runs), base_checkpoint=str(given), order=["code"])
     with pytest.raises(CheckpointError) as info:
         execute(path, progress_bar=False, say=quiet)
-    assert str(info.value) == (f"checkpoint {given} was built by other code ({FWPKM} differs); pass --reuse-stale-base "
+    assert str(info.value) == (f"checkpoint {given} was built by other code ({FWPKM} differs), and it has no probe.json "
+                               f"beside it to check; pass --reuse-stale-base "
                                f"to use it anyway, or leave base_checkpoint unset to pretrain a base with this code")
     assert not runs.exists()
 
@@ -157,6 +158,42 @@ def test_a_given_base_built_by_other_code_is_refused_unless_reuse_is_asked(tiny,
     assert (meta["base"]["how"], meta["base"]["reused_stale"], meta["base"]["changed_modules"]) == ("given", True, [FWPKM])
     assert meta["timings"]["base_pretraining"] == "given"
     assert results.matrix.is_complete and not list(runs.glob("pretrain-*"))
+
+
+def test_a_given_base_from_other_code_that_computes_the_same_function_is_used(tiny, tiny_base, tmp_path):
+    """A shipped base outlives the code that built it: other code that reproduces its probe (the
+    same losses on fixed tokens, writes off and on) uses it, naming the files that differ; a probe
+    that does not match is refused with the difference, and nothing is written."""
+    from experiments.base_probe import PROBE_FILE, measure
+
+    assert (tiny_base.path.parent / PROBE_FILE).is_file()  # every pretraining writes its probe
+    recorded = json.loads((tiny_base.path.parent / PROBE_FILE).read_text())
+    given = tmp_path / "shipped" / "base.ckpt"
+    rewrite_record(tiny_base.path, given, other_code)
+    shutil.copy(tiny_base.path.parent / PROBE_FILE, given.parent / PROBE_FILE)
+    runs = tmp_path / "runs"
+    path = tiny.config(tmp_path / "given.yaml", runs_root=str(runs), base_checkpoint=str(given), order=["code"])
+    said = []
+    folder, results, _ = execute(path, progress_bar=False, say=said.append)
+    line = next(s for s in said if s.startswith(f"base model: {given}"))
+    assert f"built by other code ({FWPKM} differs), the same function on its probe" in line, line
+    meta = run_json(folder)["base"]
+    assert meta["reused_stale"] is False and meta["changed_modules"] == [FWPKM] and 0 <= meta["probe_difference"] <= 1e-4
+    assert results.matrix.is_complete
+
+    # The probe can fail: each of its three losses moved by 1e-3 is refused, before any work.
+    for key in ("read", "write", "after_write"):
+        (given.parent / PROBE_FILE).write_text(json.dumps({**recorded, key: recorded[key] + 1e-3}))
+        other_runs = tmp_path / f"runs-{key}"
+        with pytest.raises(CheckpointError, match=rf"its probe \({given.parent / PROBE_FILE}\) differs by 0\.001"):
+            execute(tiny.config(tmp_path / f"{key}.yaml", runs_root=str(other_runs), base_checkpoint=str(given)),
+                    progress_bar=False, say=quiet)
+        assert not other_runs.exists()
+    # The three losses differ from each other, so each one measures something of its own.
+    data = load_checkpoint(tiny_base.path, "base")
+    setup = load_setup(path)
+    now = measure(data["model"], setup.model_config, setup.config.pretrain.fwpkm)
+    assert now == recorded and len({now["read"], now["write"], now["after_write"]}) == 3
 
 
 def truncated(tiny_base, path):

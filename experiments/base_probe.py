@@ -1,0 +1,78 @@
+"""A base's behaviour in three numbers, so that a base built by other code can be told apart from
+one that computes another function.
+
+    probe = measure(weights, model_config, rule)         # {"read": ..., "write": ..., "after_write": ...}
+    write_probe(folder, weights, model_config, rule)     # <folder>/probe.json, beside base.ckpt
+    diff = probe_difference(folder, weights, model_config, rule)   # max |Δ| in nats; None without a probe
+
+A base records the per-file hashes of the code that built it (`cl_platform.provenance.BASE_CODE`),
+and a hash differs at any edit: a comment, a refactor, a faster kernel of the same function. For a
+cached base that is the right test (other training code would build another base: it is rebuilt).
+A *given* base (`base_checkpoint`: a shipped reference base, a colleague's file) is an artifact,
+not something this code would rebuild; what matters is whether this code computes the same
+function with its weights. The probe answers that: float32 losses on fixed random tokens, on
+T = 512 (beyond the 128-token window, and four write chunks) —
+- `read`: writes off (the base's memory as it is);
+- `write`: the same tokens with writes on (the FwPKM write rule is exercised: chunked writes
+  read by later chunks);
+- `after_write`: the same tokens again, reading the memory the previous call wrote.
+Equal to `TOLERANCE` (1e-4 nats: float32 rounding across machines and thread counts is ~1e-6) means
+the same function; a change of the read, the write rule, attention or the weights' meaning moves
+at least one of them by far more.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROBE_FILE = "probe.json"
+TOLERANCE = 1e-4  # nats
+BATCH, SEQ, SEED = 2, 512, 0
+
+
+def measure(weights: dict, model_config, rule) -> dict[str, Any]:
+    """The probe of a model with these weights under this code (float32, no graph)."""
+    from cl_platform.model import FwPKMLM
+
+    model = FwPKMLM(model_config, rule)
+    model.load_state_dict(weights)
+    model.eval()
+    g = torch.Generator().manual_seed(SEED)
+    tokens = torch.randint(2, model_config.vocab_size, (BATCH, SEQ + 1), generator=g)  # ids 0, 1: EOT, PAD
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    out = {"tokens": [BATCH, SEQ], "seed": SEED}
+    with torch.no_grad():
+        model.set_writes(False)
+        out["read"] = float(model(x, y)[1])
+        model.set_writes(True)
+        out["write"] = float(model(x, y)[1])
+        out["after_write"] = float(model(x, y)[1])
+    return out
+
+
+def write_probe(folder: Path, weights: dict, model_config, rule) -> Path:
+    from cl_platform.atomic import atomic_write_json
+
+    path = Path(folder) / PROBE_FILE
+    atomic_write_json(path, measure(weights, model_config, rule))
+    return path
+
+
+def probe_difference(folder: Path, weights: dict, model_config, rule) -> float | None:
+    """max |recorded − measured| over the probe's losses; None when the folder has no probe
+    (or an unreadable one: then nothing can be said, as without one)."""
+    path = Path(folder) / PROBE_FILE
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        keys = ("read", "write", "after_write")
+        if not all(isinstance(recorded.get(k), (int, float)) for k in keys):
+            return None
+    except (OSError, ValueError):
+        return None
+    now = measure(weights, model_config, rule)
+    diff = max(abs(float(recorded[k]) - now[k]) for k in keys)
+    return diff if math.isfinite(diff) else math.inf
