@@ -147,7 +147,8 @@ COMMANDS = (
     Command("bench layer", "experiments.studies.bench_layer:main", "FwPKM layer tokens/s and peak memory", args=(QUICK, THREADS)),
     Command("bench step", "experiments.studies.bench_step:main", "model step time, float32 vs bf16-mixed",
             args=(QUICK, THREADS, arg("--variants", action="store_true",
-                                      help="the baseline family: attention only, + PKM, + FwPKM, + both"))),
+                                      help="the baseline family: attention only, + PKM, + FwPKM, + both"),
+                  arg("--seq-len", type=positive_int, default=512, help="tokens per sequence (B = 8)"))),
 )
 
 VERBS = {"bench": "benchmarks", "data": "domain data", "tokenizer": "tokenizer"}

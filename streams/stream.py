@@ -25,6 +25,7 @@ import numpy as np
 from streams.packing import PackedSegments, pack_split, tokenize_documents
 from cl_platform.check import ConfigError, apply_overrides, check_keys, from_mapping, read_yaml
 from streams.sources import DomainConfig, load_documents
+from streams.retrieval import RetrievalConfig, insert_episodes
 from streams.splits import SplitPlan, TokenBudget, adapt_part_name, plan_splits
 from streams.tokenizer import Tokenizer, load_tokenizer
 
@@ -44,6 +45,8 @@ class StreamConfig:
     token_budget: TokenBudget = field(default_factory=TokenBudget)  # default for domains without their own
     seed: int = 0  # document-level splits
     tokenizer: str | None = None  # path to a tokenizer.json; None = the shipped one
+    # Recall episodes in every pretraining split (streams/retrieval.py); off by default.
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     cache_dir: str | None = None  # None = default_cache_dir()
 
     def __post_init__(self):
@@ -68,6 +71,8 @@ class StreamConfig:
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.token_budget, TokenBudget):
             raise ValueError("token_budget must be a TokenBudget")
+        if not isinstance(self.retrieval, RetrievalConfig):
+            raise ValueError("retrieval must be a mapping {fraction, facts, min_distance}")
 
     @property
     def experience_domains(self) -> list[str]:
@@ -94,6 +99,8 @@ class StreamConfig:
         ]
         if isinstance(data.get("token_budget"), dict):
             data["token_budget"] = from_mapping(TokenBudget, data["token_budget"], "token_budget")
+        if isinstance(data.get("retrieval"), dict):
+            data["retrieval"] = from_mapping(RetrievalConfig, data["retrieval"], "retrieval")
         for key in ("tokenizer", "cache_dir"):
             if base_dir is not None and isinstance(data.get(key), str) and not os.path.isabs(os.path.expanduser(data[key])):
                 data[key] = str(base_dir / data[key])
@@ -184,6 +191,10 @@ def load_domains(config: StreamConfig | str | Path, tokenizer: Tokenizer | None 
             cut = budget.eval_doc_tokens if part in ("eval", "dev") else None
             packed = pack_split(tokenized[d.name], rows, split_budget, config.seq_len, tokenizer, d.name, part, cut)
             segments = PackedSegments.from_hf(packed, tokenizer.eot_id, d.name, part)
+            if part == "pretrain" and config.retrieval.active:
+                tokens, docs, _ = insert_episodes(segments.tokens.numpy(), segments.doc_index.numpy(), config.retrieval,
+                                                  tokenizer, config.seed, d.name)
+                segments = PackedSegments(tokens, docs, tokenizer.eot_id, d.name, part)
             splits[part] = SplitData(d.name, part, segments, rows)
         domains[d.name] = DomainData(d.name, documents[d.name], plans[d.name], splits)
     return domains

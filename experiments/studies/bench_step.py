@@ -4,6 +4,7 @@ cost in each precision, printed as the table kept in BENCHMARKS.md.
     clp bench step               # small preset, B = 8, T = 512, float32 vs bf16-mixed
     clp bench step --quick       # fewer repeats (smoke run)
     clp bench step --variants    # the baseline family (issue 8): attention only, + PKM, + FwPKM, + both
+    clp bench step --seq-len 2048   # the reference bases' segments (issue 22); B = 8 either way
 
 It runs the LMModule's own code paths outside Lightning: `training_step`'s forward through the
 writes, backward, clipping and the MixedAdamW step (phase `pretrain`); the evaluation forward with
@@ -78,15 +79,15 @@ def _fast_forward(m, x, y) -> None:
         m.model(x, y)
 
 
-def main(quick: bool = False, threads: int | None = None, variants: bool = False) -> int:
+def main(quick: bool = False, threads: int | None = None, variants: bool = False, seq_len: int = SEQ) -> int:
     from cl_platform.optim import MixedAdamW
 
     if threads:
         torch.set_num_threads(threads)
     if variants:
-        return _variants(quick)
+        return _variants(quick, seq_len)
     g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    tokens = torch.randint(0, VOCAB, (BATCH, seq_len + 1), generator=g)
     batch = {"input_ids": tokens[:, :-1], "targets": tokens[:, 1:]}
     modules = {p: _module(p) for p in ("32-true", "bf16-mixed")}
     optims = {p: MixedAdamW(m.model.optimizer_groups(0.1, 1.5e-3)) for p, m in modules.items()}
@@ -106,9 +107,9 @@ def main(quick: bool = False, threads: int | None = None, variants: bool = False
         _fast_forward(modules[p], batch["input_ids"], batch["targets"])
 
     reps = 3 if quick else 8
-    print(f"small preset, B = {BATCH}, T = {SEQ}, vocabulary {VOCAB}, {torch.get_num_threads()} threads; "
+    print(f"small preset, B = {BATCH}, T = {seq_len}, vocabulary {VOCAB}, {torch.get_num_threads()} threads; "
           f"median of {reps} (after 2 warm-up steps)")
-    print(f"{'':34s} {'32-true':>10s} {'bf16-mixed':>11s} {'speed-up':>9s}")
+    print(f"{'':34s} {'32-true':>10s} {'bf16-mixed':>11s} {'speed-up':>9s} {'tokens/s 32 / bf16':>20s}")
     for name, fn in (("training step through the writes", train), ("evaluation forward, writes off", evaluate),
                      ("fast-mode forward, writes on", fast)):
         times = {p: [] for p in modules}
@@ -119,20 +120,21 @@ def main(quick: bool = False, threads: int | None = None, variants: bool = False
                 if r >= 2:
                     times[p].append(time.perf_counter() - t0)
         a, b = (statistics.median(times[p]) * 1e3 for p in ("32-true", "bf16-mixed"))
-        print(f"{name:34s} {a:8.0f} ms {b:8.0f} ms {a / b:8.2f}x")
+        rate = BATCH * seq_len / 1e3
+        print(f"{name:34s} {a:8.0f} ms {b:8.0f} ms {a / b:8.2f}x {rate / a * 1e3:10,.0f} / {rate / b * 1e3:,.0f}")
     return 0
 
 
-def _variants(quick: bool) -> int:
+def _variants(quick: bool, seq_len: int) -> int:
     """Tokens/s of each variant's training step and fast-mode forward, in both precisions."""
     from cl_platform.model import count_parameters
     from cl_platform.optim import MixedAdamW
 
     g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    tokens = torch.randint(0, VOCAB, (BATCH, seq_len + 1), generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]
     reps = 2 if quick else 5
-    print(f"small preset, B = {BATCH}, T = {SEQ}, {torch.get_num_threads()} threads; tokens/s, median of {reps} "
+    print(f"small preset, B = {BATCH}, T = {seq_len}, {torch.get_num_threads()} threads; tokens/s, median of {reps} "
           f"(after 1 warm-up step); ratio = attention-only tokens/s / the variant's")
     print(f"{'variant':24s} {'active params':>14s} {'precision':>11s} {'train tok/s':>12s} {'ratio':>6s} "
           f"{'fast tok/s':>11s} {'ratio':>6s}")
@@ -153,7 +155,7 @@ def _variants(quick: bool) -> int:
                     t0 = time.perf_counter()
                     fn()
                     times.append(time.perf_counter() - t0)
-                rates.append(BATCH * SEQ / statistics.median(times))
+                rates.append(BATCH * seq_len / statistics.median(times))
             reference.setdefault(precision, tuple(rates))
             measured[(name, precision)] = rates
             ref = reference[precision]

@@ -55,7 +55,8 @@ def test_sigkill_mid_pretraining_then_rerun_gives_the_same_base(tiny, tmp_path):
     killed = tiny.config(tmp_path / "killed.yaml", runs_root=str(tmp_path / "killed"), pretrain=pretrain)
     reference = start(["pretrain", str(whole)])
     victim = start(["pretrain", str(killed)])
-    folder, deadline = None, time.monotonic() + 240
+    folder = None
+    deadline = time.monotonic() + 240
     while saved_step(folder) < 16:  # two checkpoints in: the kill lands between 16 and 24
         folder = folder or next(iter((tmp_path / "killed").glob("pretrain-*")), None)
         if victim.poll() is not None:

@@ -1,0 +1,110 @@
+"""Retrieval episodes in the pretraining text: a knob that teaches the memory to recall (issue 22).
+
+    retrieval: {fraction: 0.1, facts: 4, min_distance: 256}      # in a stream YAML
+
+A base pretrained on ordinary prose has little reason to carry anything across thousands of
+tokens: most next tokens are predictable from the last hundred. This knob makes a fraction of
+each domain's *pretraining* segments into episodes where something said early must be recalled
+late, beside the text: `facts` sentences about invented names (" Zorostbar Rentha's locker
+number is 1677.") are inserted into the first half of the segment, and each one is said again, word for
+word, at least `min_distance` tokens later (beyond the attention window), where only a memory
+can supply its value. The loss is the ordinary next-token loss over the whole segment; nothing
+marks the episode. Eval, dev and adapt splits never get episodes, so every score stays on real
+text; the pretraining data fingerprint (and with it the base key) covers the change, and
+`fraction: 0` (the default) leaves the segments untouched.
+
+The facts use their own template and names, not the NIAH needles' ("The secret number for
+ID-xxxx is"), so that NIAH measures whether the skill carries over to a sentence never trained on.
+
+Rule (deterministic from the stream seed and the domain name): rows chosen with
+`numpy.random.default_rng([seed, crc32(domain), 1])`; per row, facts drawn from the same
+generator; a fact's first mention at a random token boundary of the segment's first half, its
+recall at a random boundary at least `min_distance` tokens after the first mention's end; the
+inserted tokens take the document index of the token before them; the row is then cut back to
+its length (the text at its end is what makes room).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+# Invented names (two syllables each, capitalised) and attributes with their kind of value.
+SYLLABLES = ("ka", "vo", "del", "sur", "im", "ren", "tha", "mor", "qui", "lis", "bar", "nek", "ost", "ul", "fen",
+             "dra", "pel", "zor", "wyn", "ga")
+ATTRIBUTES = (("locker number", "number"), ("favourite colour", "colour"), ("home town", "town"),
+              ("pass code", "number"), ("lucky stone", "stone"), ("room number", "number"))
+VALUES = {
+    "colour": ("amber", "teal", "crimson", "violet", "ochre", "indigo", "scarlet", "olive"),
+    "town": ("Harlow", "Tamsin", "Brecon", "Alnwick", "Ludlow", "Whitby", "Penrith", "Thirsk"),
+    "stone": ("jasper", "onyx", "garnet", "opal", "agate", "beryl", "topaz", "quartz"),
+}
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    fraction: float = 0.0  # of each domain's pretraining segments made into episodes
+    facts: int = 4  # facts per episode, each said twice
+    min_distance: int = 256  # tokens from the end of a fact's first mention to its recall
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 <= self.fraction <= 1:
+            raise ValueError(f"retrieval.fraction must be a number in [0, 1], got {self.fraction!r}")
+        for name in ("facts", "min_distance"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"retrieval.{name} must be a positive int, got {value!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.fraction > 0
+
+
+def fact_sentence(rng: np.random.Generator) -> str:
+    first = "".join(rng.choice(SYLLABLES, size=3)).capitalize()
+    last = "".join(rng.choice(SYLLABLES, size=2)).capitalize()
+    attribute, kind = ATTRIBUTES[int(rng.integers(len(ATTRIBUTES)))]
+    value = str(int(rng.integers(1000, 10000))) if kind == "number" else str(rng.choice(VALUES[kind]))
+    return f" {first} {last}'s {attribute} is {value}."
+
+
+def insert_episodes(tokens: np.ndarray, doc_index: np.ndarray, cfg: RetrievalConfig, tokenizer, seed: int,
+                    domain: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Episodes in `round(fraction · S)` of the (S, T+1) rows; returns (tokens, doc_index, rows
+    changed). Rows too short for the episode (first half + distance) are refused."""
+    S, width = tokens.shape
+    n_rows = int(round(cfg.fraction * S))
+    if n_rows == 0:
+        return tokens, doc_index, np.empty(0, dtype=np.int64)
+    rng = np.random.default_rng([seed, zlib.crc32(domain.encode("utf-8")), 1])
+    rows = np.sort(rng.choice(S, size=n_rows, replace=False))
+    tokens, doc_index = tokens.copy(), doc_index.copy()
+    half = width // 2
+    for row in rows:
+        facts = [tokenizer.encode(fact_sentence(rng)) for _ in range(cfg.facts)]
+        span = sum(map(len, facts))
+        if half + cfg.min_distance + 2 * span > width:
+            raise ValueError(f"retrieval: {cfg.facts} facts ({span} tokens) with min_distance {cfg.min_distance} do not fit "
+                             f"in a {width - 1}-token segment; use fewer facts or a shorter distance")
+        # Insertion points in the original row (the boundary before token p); first mentions in
+        # the first half, recalls after all of them by min_distance + the facts inserted between.
+        firsts = np.sort(rng.integers(1, half - span, size=cfg.facts))
+        inserts = [(int(p), fact) for p, fact in zip(firsts, facts)]
+        order = rng.permutation(cfg.facts)  # recalled in another order than said
+        # Every recall ends before the cut: at most 2·span tokens are inserted up to it.
+        recalls = np.sort(rng.integers(int(firsts[-1]) + cfg.min_distance, width - 2 * span + 1, size=cfg.facts))
+        inserts += [(int(p), facts[i]) for p, i in zip(recalls, order)]
+        inserts.sort(key=lambda item: item[0])
+        new_tokens: list[int] = []
+        new_docs: list[int] = []
+        prev = 0
+        for p, fact in inserts:
+            new_tokens += tokens[row, prev:p].tolist() + fact
+            new_docs += doc_index[row, prev:p].tolist() + [int(doc_index[row, p - 1])] * len(fact)
+            prev = p
+        new_tokens += tokens[row, prev:].tolist()
+        new_docs += doc_index[row, prev:].tolist()
+        tokens[row] = new_tokens[:width]
+        doc_index[row] = new_docs[:width]
+    return tokens, doc_index, rows

@@ -1,0 +1,105 @@
+"""Retrieval episodes in the pretraining splits (streams/retrieval.py): which rows change, what is
+inserted where, that each recall lies beyond the distance, and that nothing else changes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cl_platform.check import ConfigError
+from streams.retrieval import RetrievalConfig, fact_sentence, insert_episodes
+from streams.stream import load_domains, load_stream_config
+from streams.tokenizer import load_tokenizer
+
+
+def occurrences(row: list[int], fact: list[int]) -> list[int]:
+    n = len(fact)
+    return [i for i in range(len(row) - n + 1) if row[i:i + n] == fact]
+
+
+def test_each_fact_is_said_twice_the_recall_beyond_the_distance_and_the_rest_is_the_text():
+    tok = load_tokenizer()
+    rng = np.random.default_rng(5)
+    S, width = 8, 1025
+    tokens = rng.integers(2000, 4096, size=(S, width))  # ids no fact uses: occurrences are the inserts
+    doc_index = np.repeat(np.arange(S)[:, None] * 3, width, axis=1) + (np.arange(width) >= 600)
+    cfg = RetrievalConfig(fraction=0.25, facts=4, min_distance=256)
+    new_tokens, new_docs, rows = insert_episodes(tokens, doc_index, cfg, tok, seed=0, domain="books")
+    assert len(rows) == 2 and new_tokens.shape == tokens.shape
+    untouched = [r for r in range(S) if r not in rows]
+    assert np.array_equal(new_tokens[untouched], tokens[untouched]) and np.array_equal(new_docs[untouched], doc_index[untouched])
+
+    # Replay the generator to know the facts the episode drew (the rule in the module docstring).
+    import zlib
+    g = np.random.default_rng([0, zlib.crc32(b"books"), 1])
+    assert np.array_equal(np.sort(g.choice(S, size=2, replace=False)), rows)
+    for row in rows:
+        facts = [tok.encode(fact_sentence(g)) for _ in range(cfg.facts)]
+        span = sum(map(len, facts))
+        firsts = np.sort(g.integers(1, width // 2 - span, size=cfg.facts))  # the draws of the rule, in order
+        g.permutation(cfg.facts)
+        g.integers(int(firsts[-1]) + cfg.min_distance, width - 2 * span + 1, size=cfg.facts)
+        line = new_tokens[row].tolist()
+        inserted = set()
+        for fact in facts:
+            at = occurrences(line, fact)
+            assert len(at) == 2, (fact, at)
+            assert at[0] < width // 2 and at[1] - (at[0] + len(fact)) >= cfg.min_distance
+            for start in at:  # an inserted fact belongs to the document it was inserted into
+                assert new_docs[row, start] == new_docs[row, start - 1]
+                inserted |= set(range(start, start + len(fact)))
+        # Without the inserted facts the row is the original row's beginning, in order.
+        kept = [t for i, t in enumerate(line) if i not in inserted]
+        assert len(kept) == width - 2 * sum(map(len, facts)) and kept == tokens[row, :len(kept)].tolist()
+
+
+def test_episodes_are_deterministic_and_differ_by_domain():
+    tok = load_tokenizer()
+    tokens = np.random.default_rng(0).integers(2000, 4096, size=(20, 2049))
+    docs = np.zeros_like(tokens)
+    cfg = RetrievalConfig(fraction=0.1)
+    a, b = insert_episodes(tokens, docs, cfg, tok, 0, "books"), insert_episodes(tokens, docs, cfg, tok, 0, "books")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    c = insert_episodes(tokens, docs, cfg, tok, 0, "wiki")
+    assert not np.array_equal(a[0], c[0])
+    none = insert_episodes(tokens, docs, RetrievalConfig(), tok, 0, "books")
+    assert none[0] is tokens and len(none[2]) == 0
+
+
+def test_too_many_facts_for_the_segment_are_refused():
+    tok = load_tokenizer()
+    tokens = np.zeros((4, 257), dtype=np.int64)
+    with pytest.raises(ValueError, match="do not fit in a 256-token segment"):
+        insert_episodes(tokens, tokens.copy(), RetrievalConfig(fraction=0.5, facts=4, min_distance=200), tok, 0, "d")
+
+
+def write_stream(tmp_path, retrieval: str = "") -> str:
+    rng = np.random.default_rng(1)
+    words = "the a of in and to was he she it that with for on as his her at by".split()
+    with open(tmp_path / "prose.jsonl", "w", encoding="utf-8") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, size=300))}) + "\n")
+    path = tmp_path / f"stream{len(retrieval)}.yaml"
+    path.write_text("domains:\n  - {name: prose, source: prose.jsonl, "
+                    "token_budget: {pretrain: 5120, adapt: 512, eval: 512}}\n"
+                    f"seq_len: 512\ncache_dir: {tmp_path / 'cache'}\n{retrieval}", encoding="utf-8")
+    return str(path)
+
+
+def test_only_the_pretraining_split_gets_episodes(tmp_path):
+    plain = load_domains(load_stream_config(write_stream(tmp_path)))["prose"].splits
+    knob = "retrieval: {fraction: 0.5, facts: 2, min_distance: 128}\n"
+    taught = load_domains(load_stream_config(write_stream(tmp_path, knob)))["prose"].splits
+    for part in ("eval", "adapt"):
+        assert np.array_equal(plain[part].segments.tokens, taught[part].segments.tokens)
+    a, b = plain["pretrain"].segments.tokens.numpy(), taught["pretrain"].segments.tokens.numpy()
+    changed = [i for i in range(len(a)) if not np.array_equal(a[i], b[i])]
+    assert a.shape == b.shape and len(changed) == round(0.5 * len(a))
+
+
+def test_a_bad_retrieval_setting_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"retrieval.fraction must be a number in \[0, 1\], got 1.5"):
+        load_stream_config(write_stream(tmp_path, "retrieval: {fraction: 1.5}\n"))
+    with pytest.raises(ConfigError, match=r"retrieval: unknown key\(s\) \['fracton'\]; did you mean 'fraction'"):
+        load_stream_config(write_stream(tmp_path, "retrieval: {fracton: 0.1}\n"))
