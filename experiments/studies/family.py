@@ -1,5 +1,6 @@
 """The baseline family: one run config of the bases (`base`) and its variants, which differ only in
-where the memories sit (`variants`: name -> {fwpkm_layers, pkm_layers}), each an ordinary cached
+where the memories sit and how wide the MLPs are (`variants`: name -> {fwpkm_layers, pkm_layers,
+mlp_ratio}), each an ordinary cached
 base per pretraining seed. The long-context study (`clp eval`) scores the family; the needle
 study (`clp niah`) fine-tunes and reads it. A family file is a long-context config: its `base`,
 `variants` and `runs_root` fields are the family, the rest is the long-context study's.
@@ -17,7 +18,9 @@ from typing import Any
 from cl_platform.check import ConfigError, check, read_yaml
 from experiments.studies.study import relative_to
 
-MODEL_FIELDS = ("fwpkm_layers", "pkm_layers")  # what a variant may change: where the memories sit
+# What a variant may change: where the memories sit, and the MLP width (an attention-only twin at
+# the FwPKM model's active parameters widens its MLPs instead of holding a memory).
+MODEL_FIELDS = ("fwpkm_layers", "pkm_layers", "mlp_ratio")
 
 
 def check_variants(owner: Any, variants: Any) -> None:

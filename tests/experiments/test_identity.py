@@ -1,5 +1,6 @@
 """Identities: the base key covers what determines the base's weights, the run hash what changes
 the run's results, and a run folder's config.yaml re-runs to the same run."""
+import dataclasses
 import json
 
 import yaml
@@ -117,7 +118,7 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
     # Every shipped YAML is a run config or one experiment's own config, and loads as one.
     others = {"recall": recall.load, "longctx": longctx.load, "niah": niah.load, "compare_strategies": compare.load,
-              "compare_strategies_dev": compare.load}
+              "compare_strategies_dev": compare.load, "reference_family": longctx.load}
     for stem, loader in others.items():
         loader(root / f"{stem}.yaml")
     configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml")) if p.stem not in others}
@@ -128,6 +129,18 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     pretrained = {d.name: ref_stream.budget(d.name).pretrain for d in ref_stream.domains if ref_stream.budget(d.name).pretrain}
     assert ref.pretrain.steps * ref.pretrain.batch_size * ref_stream.seq_len == sum(pretrained.values())
     assert set(pretrained) == {"books", "wiki"} and not set(pretrained) & set(ref_stream.experience_domains)
+    # Its attention-only twin has the FwPKM model's active parameters, within 0.5 %.
+    from cl_platform.model import FwPKMLM, count_parameters
+    from experiments.studies.family import load_family
+
+    from streams.tokenizer import load_tokenizer
+
+    family = load_family(root / "reference_family.yaml")  # the configs only: the corpus need not be built
+    vocab = load_tokenizer(ref_stream.tokenizer).vocab_size
+    active = {v: count_parameters(FwPKMLM(dataclasses.replace(load_config(family.base, family.overrides(v, 0)).model,
+                                                               vocab_size=vocab)))["active"]
+              for v in family.variants}
+    assert abs(active["attention"] / active["fwpkm"] - 1) < 0.005, active
     assert configs["longctx_base"].pretrain.batch_size * 2048 == 8 * 512  # the main job's tokens per step
     default = configs["default"]
     assert (default.pretrain.precision, default.cl.precision) == ("bf16-mixed", "bf16-mixed")
