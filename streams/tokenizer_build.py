@@ -10,7 +10,7 @@ stream's seed and the domain's name), and documents are taken from the *end* of 
 until the domain's characters are collected. The stream fills `eval`, `adapt`, `pretrain` and
 `dev` from the *front* of the same permutation, so while a domain's splits use less than what is
 left by the sample, no held-out or streamed document is seen by the tokenizer
-(tests/streams/test_tokenizer.py checks this for the default stream; `--stream` checks it for
+(tests/streams/test_default_stream.py checks this for the default stream; `--stream` checks it for
 the given one before training and refuses an overlap).
 
 - Default (the shipped tokenizer): the four stream domains of the shipped corpora (code, law,
@@ -49,69 +49,72 @@ def _sample(chars_per_domain: int, cache_dir: Path | None) -> dict[str, tuple[li
     from streams.sources import DomainConfig
 
     domains = [DomainConfig(name=name, source=f"corpus:{name}") for name in DEFAULT_CORPORA]
-    return sample_domains([(d, chars_per_domain) for d in domains], SAMPLE_SEED, cache_dir)
+    texts = _load_texts(domains, cache_dir)
+    return {d.name: sample_texts(texts[d.name], chars_per_domain, SAMPLE_SEED, d.name) for d in domains}
 
 
-def sample_domains(wanted: list, seed: int, cache_dir: Path | None) -> dict[str, tuple[list[int], list[str]]]:
-    """For each (DomainConfig, chars): row numbers and texts taken from the end of the domain's
-    split permutation until `chars` characters are collected."""
+def _load_texts(domains: list, cache_dir: Path | None) -> dict[str, list[str]]:
     from streams.sources import load_documents
-    from streams.splits import domain_permutation
 
-    out = {}
     with tempfile.TemporaryDirectory(prefix="clp-tokenizer-") as tmp:
         cache = Path(cache_dir) if cache_dir is not None else Path(tmp)
-        for domain, chars in wanted:
-            texts = list(load_documents(domain, cache)["text"])
-            rows, chosen, total = [], [], 0
-            for row in domain_permutation(len(texts), seed, domain.name)[::-1]:
-                if total >= chars:
-                    break
-                rows.append(int(row))
-                chosen.append(texts[int(row)])
-                total += len(texts[int(row)])
-            out[domain.name] = (rows, chosen)
-    return out
+        return {d.name: list(load_documents(d, cache)["text"]) for d in domains}
+
+
+def sample_texts(texts: list[str], chars: int, seed: int, name: str) -> tuple[list[int], list[str]]:
+    """Row numbers and texts taken from the end of the domain's split permutation until `chars`
+    characters are collected."""
+    from streams.splits import domain_permutation
+
+    rows, chosen, total = [], [], 0
+    for row in domain_permutation(len(texts), seed, name)[::-1]:
+        if total >= chars:
+            break
+        rows.append(int(row))
+        chosen.append(texts[int(row)])
+        total += len(texts[int(row)])
+    return rows, chosen
+
+
+def _pretraining_texts(stream: str):
+    """The stream's config and the texts of its domains that have pretraining tokens."""
+    from streams.stream import load_stream_config
+
+    cfg = load_stream_config(stream)
+    domains = [d for d in cfg.domains if cfg.budget(d.name).pretrain > 0]
+    if not domains:
+        raise ConfigError(f"--stream {stream}: no domain has pretraining tokens to train a tokenizer on", field="stream")
+    return cfg, _load_texts(domains, Path(cfg.cache_dir) if cfg.cache_dir else None)
+
+
+def _sample_of(cfg, texts: dict[str, list[str]]) -> dict[str, tuple[list[int], list[str]]]:
+    total = sum(cfg.budget(name).pretrain for name in texts)
+    return {name: sample_texts(t, STREAM_CHARS * cfg.budget(name).pretrain // total, cfg.seed, name)
+            for name, t in texts.items()}
 
 
 def stream_sample(stream: str) -> dict[str, tuple[list[int], list[str]]]:
     """The `--stream` sample: the stream's pretraining domains, STREAM_CHARS shared by budget."""
-    from streams.stream import load_stream_config
-
-    cfg = load_stream_config(stream)
-    budgets = {d.name: (d.token_budget or cfg.token_budget).pretrain for d in cfg.domains}
-    domains = [d for d in cfg.domains if budgets[d.name] > 0]
-    if not domains:
-        raise ConfigError(f"--stream {stream}: no domain has pretraining tokens to train a tokenizer on", field="stream")
-    total = sum(budgets[d.name] for d in domains)
-    return sample_domains([(d, STREAM_CHARS * budgets[d.name] // total) for d in domains], cfg.seed,
-                          Path(cfg.cache_dir) if cfg.cache_dir else None)
+    return _sample_of(*_pretraining_texts(stream))
 
 
-def check_held_out(stream: str, tok, sample_rows: dict[str, list[int]]) -> None:
+def check_held_out(stream: str, cfg, tok, texts: dict[str, list[str]], sample_rows: dict[str, list[int]]) -> None:
     """Refuse a sample that holds a document of a domain's eval, dev or adapt split, as the stream
     splits it with this very tokenizer (its token counts decide where each split ends)."""
     import numpy as np
 
     from streams.splits import plan_splits
-    from streams.stream import load_stream_config
 
-    cfg = load_stream_config(stream)
-    with tempfile.TemporaryDirectory(prefix="clp-tokenizer-") as tmp:
-        cache = Path(cfg.cache_dir) if cfg.cache_dir else Path(tmp)
-        for name, rows in sample_rows.items():
-            from streams.sources import load_documents
-
-            texts = list(load_documents(cfg.domain(name), cache)["text"])
-            counts = np.array([len(ids) for ids in tok.encode_batch(texts)], dtype=np.int64)
-            occurrences = max(1, cfg.experience_domains.count(name))
-            plan = plan_splits(counts, cfg.budget(name), occurrences, cfg.seed, name)
-            held = {int(r) for part, idx in plan.all_parts().items() if part != "pretrain" for r in idx}
-            seen = sorted(held & set(rows))
-            if seen:
-                raise ConfigError(f"--stream {stream}: the tokenizer's sample of domain {name!r} holds {len(seen)} "
-                                  f"document(s) of its held-out or streamed splits (rows {seen[:5]}); lower "
-                                  f"STREAM_CHARS or the domain's budgets", field="stream")
+    for name, rows in sample_rows.items():
+        counts = np.array([len(ids) for ids in tok.encode_batch(texts[name])], dtype=np.int64)
+        occurrences = max(1, cfg.experience_domains.count(name))
+        plan = plan_splits(counts, cfg.budget(name), occurrences, cfg.seed, name)
+        held = {int(r) for part, idx in plan.all_parts().items() if part != "pretrain" for r in idx}
+        seen = sorted(held & set(rows))
+        if seen:
+            raise ConfigError(f"--stream {stream}: the tokenizer's sample of domain {name!r} holds {len(seen)} "
+                              f"document(s) of its held-out or streamed splits (rows {seen[:5]}); lower "
+                              f"STREAM_CHARS or the domain's budgets", field="stream")
 
 
 def main(out: str | None = None, vocab_size: int = 4096, stream: str | None = None) -> int:
@@ -124,13 +127,16 @@ def main(out: str | None = None, vocab_size: int = 4096, stream: str | None = No
     if target.is_dir():
         raise ConfigError(f"--out {target} is a folder; name the tokenizer file (e.g. {target / 'tokenizer.json'})", field="out")
     t0 = time.perf_counter()
-    sample = _sample(CHARS_PER_DOMAIN, cache_dir=None) if stream is None else stream_sample(stream)
-    texts = [t for _, chosen in sample.values() for t in chosen]
     if stream is None:
+        sample = _sample(CHARS_PER_DOMAIN, cache_dir=None)
+        texts = [t for _, chosen in sample.values() for t in chosen]
         tok = train_tokenizer(texts, vocab_size=vocab_size, out_path=target)
     else:
+        cfg, domain_texts = _pretraining_texts(stream)  # loaded once: sampled, then split with the new tokenizer
+        sample = _sample_of(cfg, domain_texts)
+        texts = [t for _, chosen in sample.values() for t in chosen]
         tok = train_tokenizer(texts, vocab_size=vocab_size)
-        check_held_out(stream, tok, {name: rows for name, (rows, _) in sample.items()})
+        check_held_out(stream, cfg, tok, domain_texts, {name: rows for name, (rows, _) in sample.items()})
         atomic_write(target, lambda f: f.write(tok.raw_json), binary=True)
         tok = load_tokenizer(target)
     chars = sum(len(t) for t in texts)
