@@ -122,13 +122,23 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     for stem, loader in others.items():
         loader(root / f"{stem}.yaml")
     configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml")) if p.stem not in others}
-    assert set(configs) == {"default", "indomain", "longctx_base", "reference"}
+    assert set(configs) == {"default", "indomain", "longctx_base", "reference", "reference_main"}
     # The reference base reads every pretraining token once, and streams only domains it never saw.
     ref = configs["reference"]
     ref_stream = load_stream_config(ref.stream)
     pretrained = {d.name: ref_stream.budget(d.name).pretrain for d in ref_stream.domains if ref_stream.budget(d.name).pretrain}
     assert ref.pretrain.steps * ref.pretrain.batch_size * ref_stream.seq_len == sum(pretrained.values())
     assert set(pretrained) == {"books", "wiki"} and not set(pretrained) & set(ref_stream.experience_domains)
+    # The main job on the shipped base (reference_main) is the reference run without pretraining
+    # domains: the base's own settings, the same continual phase, the same domains and adapt budgets.
+    main = configs["reference_main"]
+    main_stream = load_stream_config(main.stream)
+    assert main.base_checkpoint is not None and ref.base_checkpoint is None
+    assert (main.model, main.pretrain, main.cl, main.strategy) == (ref.model, ref.pretrain, ref.cl, ref.strategy)
+    assert main_stream.experience_domains == ref_stream.experience_domains
+    assert (main_stream.seq_len, main_stream.tokenizer) == (ref_stream.seq_len, ref_stream.tokenizer)
+    assert {d.name for d in main_stream.domains} == set(ref_stream.experience_domains)
+    assert all(main_stream.budget(d).adapt == ref_stream.budget(d).adapt for d in ref_stream.experience_domains)
     # Its attention-only twin has the FwPKM model's active parameters, within 0.5 %.
     from cl_platform.model import FwPKMLM, count_parameters
     from experiments.studies.family import load_family
