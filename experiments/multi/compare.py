@@ -71,11 +71,11 @@ def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | 
         data["seeds"] = seeds
     if base_seeds is not None:
         data["base_seeds"] = base_seeds
-    from experiments.studies.study import keep_named
+    from experiments.studies.study import keep_named, relative_to
 
     keep_named(data, "entries", entries, "--entries", path)
     comp = from_mapping(Comparison, data, f"comparison config {path}", whole_file=True)
-    comp.run = str(path.parent / comp.run) if not Path(comp.run).is_absolute() else comp.run
+    comp.run = relative_to(path, comp.run, "run", overrides)
     return comp
 
 

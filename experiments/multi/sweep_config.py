@@ -286,7 +286,9 @@ def load(path: str | Path, trials: int | None = None, storage: str | None = None
         sweep = Sweep(**data)
     except ConfigError as err:
         raise ConfigError(f"{where}: field '{err.field}': {err}", field=err.field) from None
-    sweep.run = str(path.parent / sweep.run) if not Path(sweep.run).is_absolute() else sweep.run
+    from experiments.studies.study import relative_to
+
+    sweep.run = relative_to(path, sweep.run, "run", overrides)
     return sweep
 
 

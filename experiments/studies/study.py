@@ -63,9 +63,14 @@ def load_study(cls: type, path: str | Path, what: str, overrides: Sequence[str] 
     return from_mapping(cls, data, f"{what} {path}", whole_file=True)
 
 
-def relative_to(path: str | Path, value: str) -> str:
-    """`value`, a path written in the config file `path`, resolved against that file's folder."""
-    return value if Path(value).is_absolute() else str(Path(path).parent / value)
+def relative_to(path: str | Path, value: str, key: str | None = None, overrides: Sequence[str] = ()) -> str:
+    """`value`, a path of the config file `path`, resolved against that file's folder; when the
+    command line set it (`key=...` among `overrides`), against the working directory, as a run
+    config's paths are (cl_platform/config.py)."""
+    if Path(value).is_absolute():
+        return value
+    on_cli = key is not None and any(str(o).partition("=")[0].strip() == key for o in overrides)
+    return str((Path.cwd() if on_cli else Path(path).parent) / value)
 
 
 def study_folder(runs_root: str | Path, prefix: str, identity: dict[str, Any]) -> Path:

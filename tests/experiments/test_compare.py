@@ -76,3 +76,18 @@ def test_base_seeds_give_each_member_its_own_base_and_the_spread_comes_from_them
     assert any("base seed 1" in line for line in said)
     with pytest.raises(ConfigError, match="base_seeds"):
         load(write(tiny, tmp_path, base_seeds=[1, 1]))
+
+
+def test_a_run_config_named_on_the_command_line_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    """As a run config's own paths: `run=` in the file is relative to the file, `run=` on the command
+    line to the working directory (it used to be joined to the file's folder: configs/configs/...)."""
+    from experiments.multi import compare, sweep_config
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    configs = root / "experiments" / "configs"
+    for loader, name in ((compare.load, "compare_strategies.yaml"), (sweep_config.load, "sweeps/fast_lr_chunk.yaml")):
+        in_file = loader(configs / name)  # `run: default.yaml` / `run: ../default.yaml` in the file
+        assert Path(in_file.run).resolve() == configs / "default.yaml"
+        given = loader(configs / name, overrides=["run=experiments/configs/reference_main.yaml"])
+        assert Path(given.run) == configs / "reference_main.yaml"
