@@ -1,12 +1,17 @@
 """Several runs of one configuration that differ only by seed → mean ± std of every matrix entry
-and every headline metric (numpy only).
+and every headline metric, a t-interval over the runs, and each experience's adaptation gain.
 
-    agg = aggregate([RunResults.from_json(p) for p in paths], labels=["seed 0", "seed 1", "seed 2"])
+    agg = aggregate([RunResults.from_json(p) for p in paths], labels=["base 0", "base 1", "base 2"])
     print(format_aggregate(agg))
-    agg["metrics"]["average_forgetting"]    # {"mean": ..., "std": ..., "values": [...]}
+    agg["metrics"]["average_forgetting"]    # {"mean", "std", "t95": [lo, hi], "cv", "values"}
+    agg["experience_gains"][0]              # experience 1's gain G_1 over the runs, same statistics
 
 std is the sample standard deviation (ddof = 1), the spread a reader expects beside a mean over
-seeds; with one run it is NaN, never 0, so a single run cannot pass for a certain one.
+seeds; with one run it is NaN, never 0, so a single run cannot pass for a certain one. `t95` is the
+95 % Student-t interval of the mean over the runs (n − 1 degrees of freedom): over pretraining
+seeds (`clp run --base-seeds`) it is the between-base interval that issue 22 asks base-dependent
+numbers to quote, unlike the document bootstrap of one run, which is within one base. `cv` is
+std / |mean| (the spread of a gain relative to its size).
 """
 
 from __future__ import annotations
@@ -16,15 +21,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
-from analysis.metrics import summary
+from analysis.metrics import adaptation_gain_per_experience, summary
 from cl_platform.results import ResultsMatrix, RunResults
 
 
-def _mean_std(values: Sequence[float]) -> dict[str, Any]:
+def mean_std(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """Mean, sample std, the Student-t interval of the mean at `level`, std/|mean| and the values;
+    with one value std, interval and cv are NaN."""
     a = np.asarray(values, dtype=np.float64)
-    std = float(a.std(ddof=1)) if a.size > 1 else math.nan
-    return {"mean": float(a.mean()), "std": std, "values": [float(v) for v in a]}
+    n, mean = a.size, float(a.mean())
+    std = float(a.std(ddof=1)) if n > 1 else math.nan
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n) if n > 1 else math.nan
+    cv = std / abs(mean) if mean != 0 else math.nan
+    return {"mean": mean, "std": std, "t95": [mean - half, mean + half], "cv": cv, "values": [float(v) for v in a]}
 
 
 def aggregate(runs: Sequence[RunResults], labels: Sequence[str] | None = None) -> dict[str, Any]:
@@ -53,7 +64,10 @@ def aggregate(runs: Sequence[RunResults], labels: Sequence[str] | None = None) -
     for key, value in summaries[0].items():
         values = [s[key] for s in summaries]
         if isinstance(value, float) and not all(math.isnan(v) for v in values):  # e.g. no curves: no AUC
-            metrics[key] = _mean_std(values)
+            metrics[key] = mean_std(values)
+    # G_t of every experience (the issue's per-domain gain targets are on these, over bases).
+    gains = np.array([adaptation_gain_per_experience(run.matrix) for run in runs])  # (S, T)
+    experience_gains = [{"experience": name, **mean_std(gains[:, t])} for t, name in enumerate(first.experiences)]
     return {
         "runs": labels,
         "config_hashes": [run.config_hash for run in runs],
@@ -64,6 +78,7 @@ def aggregate(runs: Sequence[RunResults], labels: Sequence[str] | None = None) -
         "matrix_mean": stack.mean(axis=0).tolist(),
         "matrix_std": (stack.std(axis=0, ddof=1) if len(runs) > 1 else np.full(stack.shape[1:], np.nan)).tolist(),
         "metrics": metrics,
+        "experience_gains": experience_gains,
     }
 
 
@@ -73,7 +88,8 @@ def mean_matrix(agg: dict[str, Any]) -> ResultsMatrix:
 
 
 def format_aggregate(agg: dict[str, Any], precision: int = 3) -> str:
-    """The matrix as `mean ± std` cells and the metrics as `mean ± std  (per-run values)`."""
+    """The matrix as `mean ± std` cells, the metrics as `mean ± std  [t-interval]  (per-run values)`,
+    then each experience's adaptation gain with its coefficient of variation."""
     mean, std = np.asarray(agg["matrix_mean"]), np.asarray(agg["matrix_std"])
     labels = ["0 before"] + [f"{t} {d}" for t, d in enumerate(agg["experiences"], start=1)]
     cells = [[f"{m:.{precision}f} ± {s:.{precision}f}" for m, s in zip(mr, sr)] for mr, sr in zip(mean, std)]
@@ -84,7 +100,21 @@ def format_aggregate(agg: dict[str, Any], precision: int = 3) -> str:
     for label, row in zip(labels, cells):
         lines.append(label.ljust(label_width) + "".join(f"  {c:>{width}}" for c in row))
     lines.append("")
+    n = len(agg["runs"])
+    lines.append(f"  {'metric':<34} mean ± std        95 % t-interval over the {n} runs   (per run)")
     for key, stat in agg["metrics"].items():
-        runs = ", ".join(f"{v:+.4f}" for v in stat["values"])
-        lines.append(f"  {key:<34} {stat['mean']:+.4f} ± {stat['std']:.4f}   ({runs})")
+        lines.append(f"  {key:<34} {_stat_text(stat)}")
+    lines.append("")
+    lines.append(f"  {'adaptation gain of experience':<34} mean ± std        95 % t-interval   cv   (per run)")
+    for t, stat in enumerate(agg.get("experience_gains", []), start=1):
+        cv = f"{100 * stat['cv']:.0f} %" if math.isfinite(stat["cv"]) else "n/a"
+        label = f"{t} {stat['experience']}"
+        lines.append(f"  {label:<34} {_stat_text(stat, cv)}")
     return "\n".join(lines)
+
+
+def _stat_text(stat: dict[str, Any], extra: str = "") -> str:
+    lo, hi = stat["t95"]
+    interval = f"[{lo:+.4f}, {hi:+.4f}]" if math.isfinite(lo) else "[n/a: one run]"
+    runs = ", ".join(f"{v:+.4f}" for v in stat["values"])
+    return f"{stat['mean']:+.4f} ± {stat['std']:.4f}   {interval}{'   ' + extra if extra else ''}   ({runs})"

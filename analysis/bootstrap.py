@@ -1,13 +1,21 @@
-"""Intervals for one run: a paired bootstrap over evaluation documents (numpy only).
+"""Intervals for one run, and for the difference of two runs: a paired bootstrap over evaluation
+documents (numpy only).
 
     ci = bootstrap(RunResults.from_json("runs/default-…/results.json"))
     ci["adaptation_gain_per_experience"][0]    # {"value": 0.012, "low": 0.004, "high": 0.021}
+    d = difference_bootstrap(naive, replay)    # replay − naive, the same draws applied to both
+    d["metrics"]["average_forgetting"]         # {"value": -0.27, "low": -0.31, "high": -0.23}
 
 Every row of a run reads the same evaluation documents, so one draw of documents (per domain,
 with replacement, as many as the split has) is applied to every row: differences between rows,
 such as an adaptation gain R[0, d] − R[t, d], keep their pairing, and their interval reflects
 which documents happened to be in the split, not the rows' shared difficulty. A cell of a drawn
 matrix is the per-token mean over the drawn documents, Σ loss / Σ tokens, as R itself is.
+
+Two runs on the same base and stream (two strategies, `clp compare`) score the same documents
+too, so `difference_bootstrap` draws the documents once for both: the interval of B − A is then
+that of the strategies' difference on these documents, narrower than the two runs' own intervals
+would suggest, since a hard document is hard for both.
 
 This interval covers the choice of evaluation documents only; the spread between base models or
 seeds is another source (`clp run --seeds/--base-seeds`, analysis/aggregate.py).
@@ -45,6 +53,66 @@ def document_arrays(results: RunResults) -> dict[str, tuple[np.ndarray, np.ndarr
     return out
 
 
+def _draw(arrays: dict[str, tuple[np.ndarray, np.ndarray]], domains: list[str], rows: int,
+          weights: dict[str, np.ndarray]) -> np.ndarray:
+    """(samples, rows, domains): each cell the per-token mean over the drawn documents."""
+    samples = next(iter(weights.values())).shape[0]
+    drawn = np.empty((samples, rows, len(domains)))
+    for j, domain in enumerate(domains):
+        sums, counts = arrays[domain]  # (rows, K)
+        drawn[:, :, j] = (weights[domain] @ sums.T) / (weights[domain] @ counts.T)
+    return drawn
+
+
+def _weights(arrays: dict[str, tuple[np.ndarray, np.ndarray]], domains: list[str], samples: int,
+             rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per domain, `samples` multinomial document draws (how often each document is drawn)."""
+    out = {}
+    for domain in domains:
+        k = arrays[domain][0].shape[1]
+        out[domain] = rng.multinomial(k, np.full(k, 1.0 / k), size=samples).astype(np.float64)
+    return out
+
+
+def _interval(value: float, values: np.ndarray | list[float], level: float) -> dict[str, float]:
+    finite = np.asarray([v for v in values if np.isfinite(v)])
+    if not finite.size:
+        return {"value": value, "low": float("nan"), "high": float("nan")}
+    tail = (1 - level) / 2
+    low, high = np.quantile(finite, [tail, 1 - tail])
+    return {"value": value, "low": float(low), "high": float(high)}
+
+
+def difference_bootstrap(a: RunResults, b: RunResults, samples: int = 1000, seed: int = 0,
+                         level: float = 0.95) -> dict[str, Any]:
+    """B − A of every `scalars()` metric: the point difference and its percentile interval over
+    `samples` document draws, each draw applied to both runs (they must score the same documents:
+    the same domains, experiences and token counts per document and row)."""
+    if samples < 2 or not 0 < level < 1:
+        raise ValueError(f"bootstrap: samples must be >= 2 and level in (0, 1), got {samples}, {level}")
+    ma, mb = a.matrix, b.matrix
+    if (ma.domains, ma.experiences) != (mb.domains, mb.experiences) or not (ma.is_complete and mb.is_complete):
+        raise ValueError("difference_bootstrap: the runs must be complete and have the same domains and experiences")
+    arr_a, arr_b = document_arrays(a), document_arrays(b)
+    for d in ma.domains:
+        if not np.array_equal(arr_a[d][1], arr_b[d][1]):
+            raise ValueError(f"difference_bootstrap: domain {d!r}: the runs did not score the same documents "
+                             "(token counts differ)")
+    rng = np.random.default_rng(seed)
+    rows = ma.num_experiences + 1
+    weights = _weights(arr_a, ma.domains, samples, rng)
+    da, db = _draw(arr_a, ma.domains, rows, weights), _draw(arr_b, mb.domains, rows, weights)
+
+    def as_matrix(m: ResultsMatrix, values: np.ndarray) -> ResultsMatrix:
+        return ResultsMatrix(m.domains, m.experiences, values, m.metric, m.lower_is_better)
+
+    out = {}
+    for name, f in scalars().items():
+        diffs = [float(f(as_matrix(mb, y))) - float(f(as_matrix(ma, x))) for x, y in zip(da, db)]
+        out[name] = _interval(float(f(mb)) - float(f(ma)), diffs, level)
+    return {"samples": samples, "seed": seed, "level": level, "metrics": out}
+
+
 def bootstrap(results: RunResults, samples: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
     """Point value and percentile interval of every matrix cell, each experience's adaptation gain
     and the `scalars()`, over `samples` paired document draws."""
@@ -54,22 +122,13 @@ def bootstrap(results: RunResults, samples: int = 1000, seed: int = 0, level: fl
     arrays = document_arrays(results)
     rng = np.random.default_rng(seed)
     T1 = metrics.last_row(matrix) + 1
-    drawn = np.empty((samples, T1, len(matrix.domains)))
-    for j, domain in enumerate(matrix.domains):
-        sums, counts = arrays[domain]  # (T+1, K)
-        k = sums.shape[1]
-        weights = rng.multinomial(k, np.full(k, 1.0 / k), size=samples).astype(np.float64)  # (samples, K)
-        drawn[:, :, j] = (weights @ sums.T) / (weights @ counts.T)
+    drawn = _draw(arrays, matrix.domains, T1, _weights(arrays, matrix.domains, samples, rng))
     full = np.full((samples, matrix.num_experiences + 1, len(matrix.domains)), np.nan)
     full[:, :T1] = drawn
     tail = (1 - level) / 2
 
     def interval(value: float, values: list[float]) -> dict[str, float]:
-        finite = np.asarray([v for v in values if np.isfinite(v)])
-        if not finite.size:
-            return {"value": value, "low": float("nan"), "high": float("nan")}
-        low, high = np.quantile(finite, [tail, 1 - tail])
-        return {"value": value, "low": float(low), "high": float(high)}
+        return _interval(value, values, level)
 
     def as_matrix(values: np.ndarray) -> ResultsMatrix:
         return ResultsMatrix(matrix.domains, matrix.experiences, values, matrix.metric, matrix.lower_is_better)

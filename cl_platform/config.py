@@ -14,7 +14,11 @@ Sections (every field has a default; a YAML file and the command line change onl
                      defaults the other model fields start from
     pretrain:        the base model's training (PretrainConfig), its write rule in `pretrain.fwpkm`
     base_checkpoint: a base model to start from instead of pretraining (null = pretrain, or reuse
-                     the cached base built from exactly this architecture, pretraining and data)
+                     the cached base built from exactly this architecture, pretraining and data);
+                     the `pretrain` section must hold the settings it was trained with (checked,
+                     experiments/base.py), and the path may name the seed through OmegaConf's
+                     interpolation, `../bases/reference-s${pretrain.seed}/base.ckpt`, so that
+                     `--base-seeds 0,1,2` reads one shipped base per seed
     cl:              the continual-learning phase (CLConfig); its write rule `cl.fwpkm` defaults to
                      `pretrain.fwpkm`, and `cl.fwpkm_by_layer.<layer>` (e.g. `fwpkm3`) to `cl.fwpkm`
     strategy:        {name: naive, kwargs: {}} (a name registered in `strategies.STRATEGIES`), or a

@@ -1,5 +1,5 @@
-"""The base model of a run: cached under `<runs_root>/pretrain-<key[:12]>/`, pretrained on a miss,
-or given by `base_checkpoint`.
+"""The base model of a run: cached under `<runs_root>/pretrain-<key[:12]>/`, found among the
+shipped bases (experiments/bases/*/, by key), pretrained on a miss, or given by `base_checkpoint`.
 
     path, record, cached, weights = ensure_base(setup)     # pretrain once, reuse afterwards
     identity, weights, record = given_base(setup, say)      # the file named by base_checkpoint
@@ -41,8 +41,13 @@ def base_dir(setup: Setup, key: str) -> Path:
     return Path(setup.config.runs_root) / f"pretrain-{key[:12]}"
 
 
+# Bases shipped in the repository (experiments/bases/<name>/: base.ckpt, pretrain.json, probe.json):
+# each is a cache entry under its pretraining key, found by any config that pretrains that base.
+SHIPPED_BASES = Path(__file__).resolve().parent / "bases"
+
+
 def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], None] = print,
-                reuse_stale: bool = False) -> tuple[Path, dict, bool, dict]:
+                reuse_stale: bool = False, shipped: tuple[Path, ...] = (SHIPPED_BASES,)) -> tuple[Path, dict, bool, dict]:
     """The base model of this config: cached, or pretrained now. Returns (checkpoint path, record,
     whether it was cached, model state dict). A cached base or unfinished pretraining built by
     other code is moved aside and rebuilt, unless `reuse_stale`.
@@ -50,16 +55,57 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
     One process at a time looks at and builds a base: two runs that need the same uncached base
     (two terminals, two sweep workers) do not both pretrain it — the second waits on
     `.pretrain-<key[:12]>.lock` beside the folder (beside, because a stale folder is renamed;
-    hidden, so that it is not taken for a base folder) and then finds the base cached."""
+    hidden, so that it is not taken for a base folder) and then finds the base cached.
+
+    Before pretraining, the folders under `shipped` (the repository's experiments/bases) are
+    searched for a base of the same key: one that this code built, or whose probe this code
+    reproduces, is used where it lies (`shipped_base`), so that a config which pretrains a
+    shipped base (`clp eval`/`clp niah` families, experiments/configs/reference.yaml) reads it
+    instead of rebuilding it for an hour."""
     from cl_platform.file_lock import FileLock
 
     out = base_dir(setup, base_key(setup))
     with FileLock(out.with_name(f".{out.name}.lock"), f"base {out}", wait=True, on_wait=say, on_takeover=say):
-        return _ensure_base(setup, progress_bar, say, reuse_stale)
+        return _ensure_base(setup, progress_bar, say, reuse_stale, shipped)
+
+
+def shipped_base(setup: Setup, key: str, roots: tuple[Path, ...],
+                 say: Callable[[str], None]) -> tuple[Path, dict, bool, dict] | None:
+    """The shipped base of pretraining key `key` under `roots` (as ensure_base returns it), or None.
+    Built by other code, it is used only if its probe reproduces (the same function), as a given
+    base is; one that does not is named and passed over."""
+    import json
+
+    from cl_platform.pretrain import BASE
+
+    for root in roots:
+        for record_file in sorted(Path(root).glob("*/pretrain.json")):
+            try:
+                if json.loads(record_file.read_text(encoding="utf-8")).get("key") != key:
+                    continue
+            except (OSError, ValueError):
+                continue
+            path = record_file.parent / BASE
+            data = load_checkpoint(path, "base", setup.model_config)
+            if data.get("key") != key:
+                raise CheckpointError(f"{path} holds pretraining key {data.get('key')}, but {record_file} says {key}")
+            record, note = data["record"], ""
+            change = code_change(record)
+            if change is not None:
+                diff = probe_difference(path.parent, data["model"], setup.model_config, setup.config.pretrain.fwpkm)
+                if diff is None or diff > PROBE_TOLERANCE:
+                    why = "it has no probe" if diff is None else f"its probe differs by {diff:.3g} nats under this code"
+                    say(f"base model: shipped {path} has this key but was built by {change} and {why}: not used")
+                    continue
+                record = {**record, "probe_difference": diff}
+                note = f"; built by {change}, the same function on its probe ({diff:.1e} nats)"
+            say(f"base model: shipped {path} (pretraining key {key[:12]}{note}; {describe(record)})")
+            return path, record, True, data["model"]
+    return None
 
 
 def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
-                 reuse_stale: bool) -> tuple[Path, dict, bool, dict]:
+                 reuse_stale: bool, shipped: tuple[Path, ...]) -> tuple[Path, dict, bool, dict]:
     from cl_platform.checkpoint import latest_checkpoint
     from cl_platform.pretrain import BASE, PROGRESS, Pretrainer
     from streams import PretrainDataModule
@@ -76,6 +122,10 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
         if change is None:
             say(f"base model: cached {base} ({describe(data['record'])})")
             return base, data["record"], True, data["model"]
+    found = shipped_base(setup, key, shipped, say)
+    if found is not None:
+        return found
+    if base.is_file():
         if reuse_stale:
             check_loads(base, data["model"], setup)  # other code may name or shape its weights otherwise
             say(f"base model: cached {base} was built by {change}; reused anyway ({REUSE_FLAG}) "
@@ -133,6 +183,7 @@ def given_base(setup: Setup, say: Callable[[str], None], reuse_stale: bool = Fal
     record = data.get("record") if isinstance(data.get("record"), dict) else {}
     change = code_change(record)
     check_loads(path, data["model"], setup)
+    check_pretrain_settings(path, record, setup)
     note = ""
     if change is not None:
         # Built by other code: still the same base if this code computes the same function with it.
@@ -150,6 +201,35 @@ def given_base(setup: Setup, say: Callable[[str], None], reuse_stale: bool = Fal
                                   f"to use it anyway, or leave base_checkpoint unset to pretrain a base with this code")
     say(f"base model: {path} (given by base_checkpoint{note})")
     return {"source": "checkpoint", "key": data["key"]}, data["model"], record
+
+
+def check_pretrain_settings(path: Path, record: dict, setup: Setup) -> None:
+    """The run's `pretrain` section must describe the given base: it is what run.json, the run's
+    identity and `--base-seeds` (which sets `pretrain.seed`) read as the base's settings. So a base
+    of another seed or schedule is refused, naming the fields, instead of standing in silently for
+    the one the config names. Reporting fields (log_every, ...) do not change a base and are not
+    compared; a record without settings (a base made by other tools) is not checked."""
+    import dataclasses
+
+    from cl_platform.config import PretrainConfig
+
+    theirs = record.get("config")
+    if not isinstance(theirs, dict):
+        return
+    ours = dataclasses.asdict(setup.config.pretrain)
+    differ = [f"pretrain.{k} is {json_text(theirs.get(k))} in the checkpoint, {json_text(v)} in this run"
+              for k, v in ours.items() if k not in PretrainConfig.REPORTING and k in theirs and theirs[k] != v]
+    if differ:
+        raise CheckpointError(f"checkpoint {path} was pretrained with other settings than this run's pretrain "
+                              f"section: {'; '.join(differ)}. Point base_checkpoint at the base of these settings "
+                              "(a path may name the seed: ../bases/reference-s${pretrain.seed}/base.ckpt), or "
+                              "copy the base's settings (its pretrain.json) into the config")
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
 
 
 def code_change(record: dict) -> str | None:

@@ -9,9 +9,14 @@ ordinary run (`experiments/run.py:execute`, its own folder, TensorBoard events a
 on the run config's cached base; a re-run finds finished members and continues killed ones, so
 the same command resumes a stopped comparison. Then per entry: mean ± std over seeds of the
 headline metrics (`analysis.metrics.summary`), the extra compute (training + evaluation wall time
-relative to the first entry of the same mode) and the strategy's state size, printed and written
-as `comparison.json` / `comparison.csv` / `comparison.txt` under
-`<runs_root>/compare-<name>-<hash>/`.
+relative to the first entry of the same mode) and the strategy's state size; and, with more than
+one member an entry, each entry's paired difference from the first entry (member by member: the
+same base and seed), mean and 95 % t-interval over the pairs. The pairs are what tell strategies
+apart when the bases differ more than the strategies do (over `base_seeds`, the interval is
+between bases). Every pair also gets a paired bootstrap over the evaluation documents both runs
+scored (`vs_first_documents`, within one base), which is the printed interval when an entry has
+one member. Printed and written as `comparison.json` / `comparison.csv` / `comparison.txt`
+under `<runs_root>/compare-<name>-<hash>/`.
 """
 
 from __future__ import annotations
@@ -104,6 +109,9 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
             make_strategy(load_setup(comp.run, overrides))
         except ConfigError as err:
             raise ConfigError(f"comparison entry {entry!r}: {err}") from None
+    from experiments.multi.seeds import check_given_bases
+
+    check_given_bases(comp.run, [], comp.base_seeds)
     members: dict[str, list[dict[str, Any]]] = {}
     for entry, overrides in comp.entries.items():
         for base, seed in comp.members():
@@ -120,6 +128,7 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
             if base is not None:
                 member["base_seed"] = base
             members.setdefault(entry, []).append(member)
+    document_differences(members)
     table = summarise(comp, members)
     digest = hashlib.sha256("\0".join(m["folder"] for ms in members.values() for m in ms).encode()).hexdigest()[:12]
     out = Path(load_config(comp.run).runs_root) / f"compare-{comp.name}-{digest}"
@@ -132,6 +141,25 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
     say(text)
     say(f"comparison: {out}/comparison.json (+ .csv, .txt)")
     return out, table
+
+
+def document_differences(members: dict[str, list[dict]]) -> None:
+    """Each member of every entry but the first gets `vs_first_documents`: its difference from the
+    first entry's member of the same base and seed, with a paired bootstrap over the evaluation
+    documents both scored (analysis/bootstrap.py) — the interval within one base, which is all a
+    single-base comparison has."""
+    from analysis.bootstrap import difference_bootstrap
+    from cl_platform.results import RunResults
+
+    first, *others = members
+    for entry in others:
+        for ref, m in zip(members[first], members[entry]):
+            if (ref.get("base_seed"), ref["seed"]) != (m.get("base_seed"), m["seed"]):
+                raise ValueError(f"compare: entries {first!r} and {entry!r} ran their members in another order")
+            a = RunResults.from_json(Path(ref["folder"]) / "results.json")
+            b = RunResults.from_json(Path(m["folder"]) / "results.json")
+            diff = difference_bootstrap(a, b)["metrics"]
+            m["vs_first_documents"] = {k: {"vs": first, **diff[k]} for k in METRICS if k in diff}
 
 
 def _stat(values: list[float]) -> dict[str, float]:
@@ -159,6 +187,29 @@ def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dic
         row["relative_compute"] = seconds / reference[row["mode"]] if reference[row["mode"]] else math.nan
         row["state_bytes"] = max((m["state_bytes"] or 0) for m in ms)
         out[entry] = row
+    first, *others = members
+    for entry in others:
+        out[entry]["vs_first"] = paired(members[first], members[entry], first, entry)
+        if len(members[entry]) == 1 and "vs_first_documents" in members[entry][0]:
+            out[entry]["vs_first_documents"] = members[entry][0]["vs_first_documents"]
+    return out
+
+
+def paired(a: list[dict], b: list[dict], name_a: str, name_b: str) -> dict[str, dict[str, Any]]:
+    """Per metric, B − A member by member (matched on base seed and seed): mean, std, t-interval."""
+    from analysis.aggregate import mean_std
+
+    def key(m: dict) -> tuple:
+        return m.get("base_seed"), m["seed"]
+
+    by_key = {key(m): m for m in a}
+    if sorted(by_key, key=str) != sorted((key(m) for m in b), key=str):
+        raise ValueError(f"compare: entries {name_a!r} and {name_b!r} do not have the same members to pair")
+    out = {}
+    for metric in METRICS:
+        diffs = [m["summary"][metric] - by_key[key(m)]["summary"][metric] for m in b]
+        if not any(math.isnan(d) for d in diffs):
+            out[metric] = {"vs": name_a, **mean_std(diffs)}
     return out
 
 
@@ -187,6 +238,29 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
         cells.append(f"{row['relative_compute']:.2f}x")
         cells.append(f"{row['state_bytes'] / 1e6:.2f} MB")
         lines.append(f"{entry:>18s} {row['mode']:>9s} " + "".join(f"{c:>20s}" for c in cells))
+    paired_rows = [(entry, row["vs_first"]) for entry, row in table.items() if row.get("vs_first")]
+    pairs = len(next(iter(paired_rows[0][1].values()))["values"]) if paired_rows else 0
+    if pairs == 1:  # one base and seed: the interval is over the documents both runs scored
+        first = next(iter(table))
+        lines += ["", f"paired differences from {first} (entry − {first}, one base and seed): value "
+                      "[95 % paired bootstrap over evaluation documents, within this base]",
+                  f"{'entry':>18s} " + "".join(f"{h:>28s}" for h in heads[:len(METRICS)])]
+        for entry, row in table.items():
+            docs = row.get("vs_first_documents") or {}
+            if not row.get("vs_first"):
+                continue
+            cells = [f"{docs[m]['value']:+.4f} [{docs[m]['low']:+.3f}, {docs[m]['high']:+.3f}]"
+                     if m in docs else "n/a" for m in METRICS]
+            lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))
+    if pairs > 1:
+        first = next(iter(table))
+        lines += ["", f"paired differences from {first} (entry − {first}, member by member): mean "
+                      f"[95 % t-interval over the {pairs} pairs]",
+                  f"{'entry':>18s} " + "".join(f"{h:>28s}" for h in heads[:len(METRICS)])]
+        for entry, diffs in paired_rows:
+            cells = [f"{diffs[m]['mean']:+.4f} [{diffs[m]['t95'][0]:+.3f}, {diffs[m]['t95'][1]:+.3f}]"
+                     if m in diffs else "n/a" for m in METRICS]
+            lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))
     return "\n".join(lines)
 
 

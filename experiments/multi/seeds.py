@@ -41,6 +41,7 @@ def run_seeds(
     cfg = load_config(config, overrides)  # a bad config fails here, before any member trains
     seeds = list(seeds) if seeds is not None else [cfg.seed]
     bases = list(base_seeds) if base_seeds is not None else [None]
+    check_given_bases(config, overrides, base_seeds)
     members = [(b, s) for b in bases for s in seeds]
     runs, labels, folders = [], [], []
     for b, s in members:
@@ -64,3 +65,14 @@ def run_seeds(
     say(text)
     say(f"aggregate: {out}/aggregate.json (members: {', '.join(folders)})")
     return out, agg
+
+
+def check_given_bases(config: str | Path, overrides: Sequence[str], base_seeds: Sequence[int] | None) -> None:
+    """With a given base (`base_checkpoint`, e.g. `../bases/reference-s${pretrain.seed}/base.ckpt`),
+    every base seed's file must exist before the first member runs, not when its turn comes."""
+    for b in base_seeds or []:
+        cfg = load_config(config, [*overrides, f"pretrain.seed={b}"])
+        if cfg.base_checkpoint is not None and not Path(cfg.base_checkpoint).is_file():
+            raise ConfigError(f"base seed {b}: base_checkpoint {cfg.base_checkpoint} does not exist (the config "
+                              f"{config} names one base file per pretrain.seed; only the shipped seeds exist)",
+                              field="base_checkpoint")

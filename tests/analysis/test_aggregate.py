@@ -1,4 +1,5 @@
-"""Mean ± std over seeds: every matrix entry and headline metric, hand-computed."""
+"""Mean ± std over seeds: every matrix entry and headline metric, the t-interval over runs and each
+experience's gain, hand-computed."""
 import math
 
 import numpy as np
@@ -34,9 +35,36 @@ def test_mean_and_sample_std_of_every_entry_and_metric():
     assert "3.550 ± 0.071" in text and "average_forgetting" in text and "+0.3500 ± 0.2121" in text
 
 
+# Student's t, 97.5th percentile, from any printed table: 1 and 2 degrees of freedom.
+T_975 = {1: 12.7062, 2: 4.3027}
+
+
+def test_t_interval_over_runs_and_each_experiences_gain():
+    agg = aggregate([run(A, 0), run(B, 1)], ["base 0", "base 1"])
+    f = agg["metrics"]["average_forgetting"]  # values 0.5, 0.2: half-width t · s / √n
+    half = T_975[1] * (0.3 / math.sqrt(2)) / math.sqrt(2)
+    assert f["t95"] == pytest.approx([0.35 - half, 0.35 + half], abs=1e-4)
+    assert f["cv"] == pytest.approx((0.3 / math.sqrt(2)) / 0.35)
+    # G_1 (math) = 4.0 − 3.0 and 4.2 − 3.4; G_2 (law) = 5.0 − 4.0 and 5.2 − 4.4
+    g = agg["experience_gains"]
+    assert [e["experience"] for e in g] == ["math", "law"]
+    assert g[0]["values"] == pytest.approx([1.0, 0.8]) and g[1]["values"] == pytest.approx([1.0, 0.8])
+    assert g[0]["mean"] == pytest.approx(0.9) and g[0]["cv"] == pytest.approx(0.2 / math.sqrt(2) / 0.9)
+    text = format_aggregate(agg)
+    assert "1 math" in text and "16 %" in text  # cv 15.7 %
+    # three runs: 2 degrees of freedom, and a C with a larger gain widens the interval
+    C = [[4.0, 5.0], [2.5, 5.5], [3.0, 3.5]]
+    three = aggregate([run(A, 0), run(B, 1), run(C, 2)])["experience_gains"][0]
+    values = np.array([1.0, 0.8, 1.5])
+    half = T_975[2] * values.std(ddof=1) / math.sqrt(3)
+    assert three["t95"] == pytest.approx([values.mean() - half, values.mean() + half], abs=1e-4)
+
+
 def test_one_run_has_no_spread_rather_than_zero():
     agg = aggregate([run(A)])
     assert np.isnan(agg["matrix_std"]).all() and math.isnan(agg["metrics"]["average_final"]["std"])
+    assert all(math.isnan(v) for v in agg["experience_gains"][0]["t95"])
+    assert "n/a: one run" in format_aggregate(agg)
 
 
 def test_runs_that_do_not_match_or_did_not_finish_are_refused():

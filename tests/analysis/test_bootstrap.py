@@ -1,8 +1,9 @@
-"""Paired bootstrap over evaluation documents: intervals from a run's per-document losses."""
+"""Paired bootstrap over evaluation documents: intervals from a run's per-document losses, and of
+the difference of two runs that scored the same documents."""
 import numpy as np
 import pytest
 
-from analysis.bootstrap import bootstrap
+from analysis.bootstrap import bootstrap, difference_bootstrap
 from cl_platform.results import ResultsMatrix, RunResults
 
 
@@ -54,3 +55,37 @@ def test_same_seed_same_intervals_and_missing_documents_are_named():
     results.doc_losses.pop("1")
     with pytest.raises(ValueError, match=r"rows \[1\] have no per-document losses"):
         bootstrap(results)
+
+
+def two_strategies(rng, cut_on):
+    """Runs A and B on the same 40 documents per domain of very different difficulty; B forgets
+    math 0.05 nats less than A on the documents `cut_on` selects (a boolean mask)."""
+    difficulty = {d: rng.uniform(3, 7, size=40) for d in ("math", "law")}
+    tokens = {d: rng.integers(50, 500, size=40) for d in ("math", "law")}
+    m, law = difficulty["math"], difficulty["law"]
+    a = {"math": np.stack([m, m - 0.3, m - 0.1]), "law": np.stack([law, law, law - 0.2])}
+    b = {"math": np.stack([m, m - 0.3, m - 0.1 - 0.05 * cut_on]), "law": a["law"]}
+    return run_with_docs(a, tokens), run_with_docs(b, tokens), tokens
+
+
+def test_the_difference_of_two_runs_on_the_same_documents_keeps_their_pairing():
+    a, b, _ = two_strategies(np.random.default_rng(0), np.ones(40, dtype=bool))
+    d = difference_bootstrap(a, b, samples=300, seed=1)["metrics"]["average_forgetting"]
+    # forgetting of math (the only domain trained before the last): 0.2 for A, 0.15 for B, on
+    # every document, so every draw gives −0.05 though the documents' losses differ by nats
+    assert d == pytest.approx({"value": -0.05, "low": -0.05, "high": -0.05})
+    own = bootstrap(a, samples=300, seed=1)["metrics"]["average_final"]
+    assert own["high"] - own["low"] > 0.3  # each run alone spreads with the documents' difficulty
+
+
+def test_a_difference_carried_by_few_documents_reaches_zero_and_mismatched_runs_are_refused():
+    cut_on = np.zeros(40, dtype=bool)
+    cut_on[:2] = True
+    a, b, tokens = two_strategies(np.random.default_rng(0), cut_on)
+    d = difference_bootstrap(a, b, samples=2000, seed=0)["metrics"]["average_forgetting"]
+    assert d["value"] < 0 and d["high"] == pytest.approx(0.0)  # most draws miss one of the two documents
+    other = {k: v.copy() for k, v in tokens.items()}
+    other["law"][0] += 1
+    c = run_with_docs({"math": np.full((3, 40), 5.0), "law": np.full((3, 40), 5.0)}, other)
+    with pytest.raises(ValueError, match="domain 'law': the runs did not score the same documents"):
+        difference_bootstrap(a, c)

@@ -290,3 +290,41 @@ def test_run_json_records_code_versions_machine_and_seconds_per_phase_summed_ove
     assert timings["experiences"][0] == first["timings"]["experiences"][0]
     # results.json is as before: no timings in it.
     assert "timings" not in json.loads((folder / "results.json").read_text())
+
+
+def test_a_shipped_base_of_the_same_key_is_used_where_it_lies_instead_of_pretraining(tiny, tiny_base, tmp_path):
+    """experiments/bases/<name>/ holds bases under their key: a config that would pretrain one reads
+    it (built by this code, or by other code whose probe reproduces); one whose probe no longer
+    reproduces is named and passed over, and the base is pretrained as usual."""
+    from experiments.base_probe import PROBE_FILE
+
+    shipped = tmp_path / "bases"
+    folder = shipped / "tiny-s0"
+    folder.mkdir(parents=True)
+    for name in ("base.ckpt", "pretrain.json", PROBE_FILE):
+        shutil.copy(tiny_base.path.parent / name, folder / name)
+    other = shipped / "tiny-other"  # another key: never read
+    shutil.copytree(folder, other)
+    (other / "pretrain.json").write_text(json.dumps({"key": "0" * 64}))
+    runs = tmp_path / "runs"
+    setup = load_setup(tiny.config(tmp_path / "run.yaml", runs_root=str(runs)))
+    said = []
+    path, record, cached, weights = ensure_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    assert path == folder / "base.ckpt" and cached and record["key"] == base_key(setup)
+    assert all(torch.equal(weights[k], v) for k, v in load_checkpoint(tiny_base.path, "base")["model"].items())
+    assert any(line.startswith(f"base model: shipped {path}") for line in said)
+    assert not list(runs.glob("pretrain-*"))  # nothing pretrained, nothing copied
+
+    # Built by other code: still used while its probe reproduces ...
+    rewrite_record(tiny_base.path, folder / "base.ckpt", other_code)
+    said = []
+    path, record, _, _ = ensure_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    assert path == folder / "base.ckpt" and 0 <= record["probe_difference"] <= 1e-4
+    assert f"built by other code ({FWPKM} differs), the same function on its probe" in said[-1]
+    # ... and passed over, by name, once it does not: then the base is pretrained into the cache.
+    probe = json.loads((folder / PROBE_FILE).read_text())
+    (folder / PROBE_FILE).write_text(json.dumps({**probe, "read": probe["read"] + 1e-3}))
+    said = []
+    path, _, cached, _ = ensure_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    assert any("differs by 0.001 nats under this code: not used" in line for line in said)
+    assert path == base_dir(setup, base_key(setup)) / "base.ckpt" and not cached

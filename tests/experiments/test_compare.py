@@ -38,9 +38,43 @@ def test_comparison_table_equals_the_members_and_reruns_train_nothing(tiny, tmp_
     rows = list(csv.DictReader((out / "comparison.csv").open()))
     assert [r["entry"] for r in rows] == ["naive", "freeze"]
     assert float(rows[1]["adaptation_gain_mean"]) == pytest.approx(table["freeze"]["adaptation_gain"]["mean"])
+    # The paired difference: member by member (same seed), its mean and t-interval over the pairs.
+    diffs = [f["summary"]["average_forgetting"] - n["summary"]["average_forgetting"]
+             for n, f in zip(saved["members"]["naive"], saved["members"]["freeze"])]
+    vs = table["freeze"]["vs_first"]["average_forgetting"]
+    assert vs["vs"] == "naive" and vs["values"] == pytest.approx(diffs) and "vs_first" not in table["naive"]
+    assert vs["mean"] == pytest.approx(sum(diffs) / 2) and vs["t95"][0] <= vs["mean"] <= vs["t95"][1]
+    assert "paired differences from naive" in (out / "comparison.txt").read_text()
+    # ... and within each pair, over the documents both runs scored: the point is the difference
+    for n, f in zip(saved["members"]["naive"], saved["members"]["freeze"]):
+        docs = f["vs_first_documents"]["average_forgetting"]
+        point = f["summary"]["average_forgetting"] - n["summary"]["average_forgetting"]
+        assert docs["value"] == pytest.approx(point) and docs["low"] <= point <= docs["high"]
+    # One seed: that document interval is the one printed (the seed-0 members are reused).
+    out1, table1 = run(load(write(tiny, tmp_path, seeds=[0])), say=lambda _: None)
+    assert json.dumps(table1["freeze"]["vs_first_documents"]) == json.dumps(saved["members"]["freeze"][0]["vs_first_documents"])
+    assert "paired bootstrap over evaluation documents, within this base" in (out1 / "comparison.txt").read_text()
     again = []
     run(load(write(tiny, tmp_path)), say=again.append)
     assert sum("already complete" in line for line in again) == 4
+
+
+def test_paired_differences_match_members_by_base_and_seed_and_refuse_unmatched_ones():
+    from experiments.multi.compare import METRICS, paired
+
+    def member(base, seed, forgetting):
+        return {"base_seed": base, "seed": seed, "summary": {m: forgetting if m == "average_forgetting" else 1.0
+                                                             for m in METRICS}}
+    a = [member(0, 0, 0.40), member(1, 0, 0.50), member(2, 0, 0.30)]
+    b = [member(2, 0, 0.10), member(0, 0, 0.12), member(1, 0, 0.20)]  # another order: pairs by key
+    d = paired(a, b, "naive", "replay")["average_forgetting"]
+    assert d["values"] == pytest.approx([-0.20, -0.28, -0.30]) and d["mean"] == pytest.approx(-0.26)
+    # t(0.975, 2) = 4.3027 (tables); sample std of the three differences
+    half = 4.3027 * 0.052915 / 3 ** 0.5
+    assert d["t95"] == pytest.approx([-0.26 - half, -0.26 + half], abs=1e-4) and d["t95"][1] < 0
+    assert paired(a, b, "naive", "replay")["adaptation_gain"]["values"] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="same members to pair"):
+        paired(a, b[:2], "naive", "replay")
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -33,6 +33,22 @@ def test_a_bad_list_or_config_stops_before_anything_runs(tiny, tmp_path, capsys)
     assert not runs.exists()
 
 
+def test_a_missing_given_base_of_any_base_seed_stops_before_the_first_member(tiny, tiny_base, tmp_path):
+    import shutil
+
+    from experiments.multi.compare import Comparison, run as compare
+
+    shutil.copy(tiny_base.path, tmp_path / "b0.ckpt")  # seed 0's base exists, seed 1's does not
+    runs = tmp_path / "runs"
+    path = tiny.config(tmp_path / "given.yaml", runs_root=str(runs), base_checkpoint="b${pretrain.seed}.ckpt")
+    with pytest.raises(ConfigError, match=r"base seed 1: base_checkpoint .*b1.ckpt does not exist"):
+        run_seeds(path, [], seeds=[0], base_seeds=[0, 1], progress_bar=False, say=quiet)
+    with pytest.raises(ConfigError, match=r"base seed 1: base_checkpoint .*b1.ckpt does not exist"):
+        compare(Comparison(run=str(path), entries={"naive": ["strategy.name=naive"]}, seeds=[0], base_seeds=[0, 1]),
+                say=quiet)
+    assert not runs.exists()
+
+
 @pytest.mark.slow
 def test_base_seeds_give_their_own_bases_and_an_aggregate(tiny, tmp_path):
     path = tiny.config(tmp_path / "agg.yaml", runs_root=str(tmp_path / "runs"), order=["code"],

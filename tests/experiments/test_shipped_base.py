@@ -1,8 +1,9 @@
-"""The shipped reference base (experiments/bases/reference-s0) is what the main job on it reads:
-this code still computes the base's function (its probe.json reproduces), its record says how it
-was built, and the run config that names it loads it without pretraining. When a change to the
-model, the memory or the write rule breaks the probe, this test fails first: rebuild the base
-(`clp pretrain experiments/configs/reference.yaml`) and ship the new one."""
+"""The shipped reference bases (experiments/bases/reference-s<seed>) are what the main job reads
+(seed 0; `--base-seeds 0,1,2` all of them): this code still computes each base's function (its
+probe.json reproduces), its record says how it was built, and the run config names it by
+`pretrain.seed` with the settings it was trained with. When a change to the model, the memory or
+the write rule breaks a probe, this test fails first: rebuild the bases
+(`clp pretrain experiments/configs/reference.yaml pretrain.seed=<seed>`) and ship the new ones."""
 import dataclasses
 import json
 from pathlib import Path
@@ -14,20 +15,31 @@ from cl_platform.config import load_config
 from experiments.base_probe import PROBE_FILE, TOLERANCE, probe_difference
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ROOT / "experiments" / "bases" / "reference-s0"
+BASES = ROOT / "experiments" / "bases"
+SEEDS = sorted(int(p.name.removeprefix("reference-s")) for p in BASES.glob("reference-s*"))
 CONFIG = ROOT / "experiments" / "configs" / "reference_main.yaml"
 
 
-@pytest.fixture(scope="module")
-def shipped():
-    return load_checkpoint(BASE / "base.ckpt", "base")
+def test_seed_0_is_shipped_and_the_seeds_are_the_folder_names():
+    assert SEEDS[:1] == [0] and SEEDS == list(range(len(SEEDS)))  # no gaps: --base-seeds 0..n-1
+
+
+@pytest.fixture(scope="module", params=SEEDS, ids=lambda s: f"s{s}")
+def shipped(request):
+    seed = request.param
+    base = BASES / f"reference-s{seed}"
+    return seed, base, load_checkpoint(base / "base.ckpt", "base")
 
 
 def test_the_main_job_config_names_the_shipped_base_and_its_write_rule(shipped):
-    cfg = load_config(CONFIG)
+    seed, BASE, shipped = shipped
+    cfg = load_config(CONFIG, [f"pretrain.seed={seed}"])
     assert Path(cfg.base_checkpoint) == BASE / "base.ckpt"
     record = json.loads((BASE / "pretrain.json").read_text())
     assert record["key"] == shipped["key"] and record["steps"] == cfg.pretrain.steps == 1221
+    # Trained with exactly the config's pretraining settings, this seed included (what
+    # experiments/base.py:check_pretrain_settings requires before a run uses it).
+    assert record["config"] == dataclasses.asdict(cfg.pretrain) and record["config"]["seed"] == seed
     assert record["tokens"] == 1221 * 8 * 2048
     # The base was trained with the write rule the config gives the probe.
     assert record["write_rule"]["lr_values"] == cfg.pretrain.fwpkm.lr_values
@@ -37,7 +49,8 @@ def test_the_main_job_config_names_the_shipped_base_and_its_write_rule(shipped):
 
 
 def test_this_code_reproduces_the_shipped_bases_probe(shipped):
-    cfg = load_config(CONFIG)
+    seed, BASE, shipped = shipped
+    cfg = load_config(CONFIG, [f"pretrain.seed={seed}"])
     recorded = json.loads((BASE / PROBE_FILE).read_text())
     model_config = dataclasses.replace(cfg.model, vocab_size=shipped["model_config"]["vocab_size"])
     assert model_config_dict(model_config) == shipped["model_config"]  # the config's architecture is the base's
