@@ -64,6 +64,7 @@ class Episode:
     numbers: list[str]
     asked: int  # index of the asked needle
     needle_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each needle in haystack
+    candidates: list[list[int]] = field(default_factory=list)  # every needle's number as an answer (answer = [asked])
 
     def distance(self) -> int:
         """Tokens between the end of the asked needle and the end of the question."""
@@ -102,7 +103,8 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
         cut_prev = cut
     haystack += text[cut_prev:]
     question = tokenizer.encode(" " + QUESTION.format(id=ids[asked]))
-    return Episode(haystack, question, answer_tokens(tokenizer, numbers[asked]), ids, numbers, asked, spans)
+    candidates = [answer_tokens(tokenizer, number) for number in numbers]
+    return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates)
 
 
 def answer_tokens(tokenizer, number: str) -> list[int]:

@@ -26,6 +26,12 @@ reads of the haystack (as in 3-iter) and the gradient reaches the write path thr
 (a write in an earlier forward is detached, so training on separate reads could not teach the
 writing). Loss on the answer tokens only. Evaluation episodes come from the `eval` split.
 Results: `<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later runs.
+
+A model may also change how far its variant's attention reaches (`model: {window: 4096}`; only
+REACH_FIELDS, which hold no parameters, so the variant's base loads as it is). That is the
+positive control a memory's null needs: the same base, the same fine-tuning and episodes, with
+attention over the whole episode; if it retrieves and the memory does not, the pipeline is not
+what fails.
 """
 
 from __future__ import annotations
@@ -41,7 +47,12 @@ from cl_platform.check import ConfigError, check, is_int, is_number
 from experiments.studies.family import Family, load_family
 from experiments.studies.study import cached, load_study, relative_to, study_folder, write_results
 
-MODEL_KEYS = ("variant", "finetune", "rule")
+MODEL_KEYS = ("variant", "finetune", "rule", "model")
+# What a model may change of its variant's architecture: how far attention reaches, nothing with
+# parameters, so the variant's base loads as it is. `model: {window: 4096}` on the FwPKM base is the
+# positive control (issue 22): the same weights with attention over the whole episode, fine-tuned on
+# the same needles, which must retrieve for a memory's null result to mean the memory.
+REACH_FIELDS = ("mixer", "window", "pswa_prob")
 
 
 @dataclass
@@ -74,6 +85,10 @@ class NeedleExperiment:
             check(isinstance(spec, dict) and not bad and "variant" in spec, self, "models",
                   f"model {name!r}: needs 'variant' and may set only {list(MODEL_KEYS)} (got {bad or spec!r})")
             check(isinstance(spec.get("finetune", False), bool), self, "models", f"model {name!r}: finetune must be true or false")
+            reach = spec.get("model") or {}
+            check(isinstance(reach, dict) and set(reach) <= set(REACH_FIELDS), self, "models",
+                  f"model {name!r}: 'model' may change only {list(REACH_FIELDS)} of the variant's architecture "
+                  f"(got {reach!r})")
             try:
                 WriteRule(**(spec.get("rule") or {}))
             except (TypeError, ConfigError) as err:
@@ -97,14 +112,17 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
 
 
 # --- the protocol ------------------------------------------------------------------------------------
-def read_iteratively(model, episode, n: int, rule, memory, autocast) -> bool:
+def read_iteratively(model, episode, n: int, rule, memory, autocast) -> tuple[bool, int]:
     """n-iter reading of one episode from memory state `memory`: n − 1 reads of the haystack, each
-    with one write over the whole context, then haystack + question with writes off. Returns
-    exact match; raises if any FwPKM layer did not read n times and write n − 1 times."""
+    with one write over the whole context, then haystack + question with writes off, once per
+    needle with that needle's number as the answer (one batch: the memory is the same for all).
+    Returns (exact match, rank of the asked needle's number among the needles' numbers by
+    log-likelihood, 1 = first); raises if any FwPKM layer did not read n times and write n − 1
+    times."""
     import torch
 
     hay = torch.tensor(episode.haystack)[None]
-    full = torch.tensor(episode.haystack + episode.question + episode.answer[:-1])[None]
+    full = candidate_batch(episode)
     layers = model.fwpkm_layers()
     model.restore_memory(memory)
     model.set_write_rules(dataclasses.replace(rule, chunk=hay.shape[1], persistence="persist"))
@@ -119,7 +137,35 @@ def read_iteratively(model, episode, n: int, rule, memory, autocast) -> bool:
     for layer in layers:
         if (layer.calls, layer.writes) != (n, n - 1):
             raise AssertionError(f"{layer.name}: {n}-iter read {layer.calls} times and wrote {layer.writes} times")
-    return _exact(logits, episode)
+    return _exact(logits[episode.asked:episode.asked + 1, :full_length(episode, episode.asked)], episode), \
+        _rank(logits, episode)
+
+
+def full_length(episode, j: int) -> int:
+    """Input length of candidate j: haystack + question + its number's tokens but the last."""
+    return len(episode.haystack) + len(episode.question) + len(episode.candidates[j]) - 1
+
+
+def candidate_batch(episode):
+    """(needles, T): haystack + question + each needle's number (but its last token), padded at
+    the end with the last token (causal attention: padding changes no earlier position)."""
+    import torch
+
+    rows = [episode.haystack + episode.question + c[:-1] for c in episode.candidates]
+    width = max(map(len, rows))
+    return torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows])
+
+
+def _rank(logits, episode) -> int:
+    """1 + how many needles' numbers the model finds likelier than the asked one's (teacher forced)."""
+    import torch
+
+    start = len(episode.haystack) + len(episode.question) - 1  # predicts the number's first token
+    lls = []
+    for j, c in enumerate(episode.candidates):
+        logp = torch.log_softmax(logits[j, start:start + len(c)].float(), dim=-1)
+        lls.append(float(logp[torch.arange(len(c)), torch.tensor(c)].sum()))
+    return 1 + sum(ll > lls[episode.asked] for ll in lls)
 
 
 def read_in_pass(model, episode, rule, memory, autocast) -> bool:
@@ -202,18 +248,24 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str)
     cfg = exp.needle_config
     hits: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     hits["in-pass"] = []
+    ranks: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     asked, distances = [], []
     for i in range(exp.episodes):
         e = make_episode(cfg, tokenizer, source, rng, asked=i % cfg.needles)
         asked.append(e.asked)
         distances.append(e.distance())
         for n in exp.iterations:
-            hits[f"{n}-iter"].append(int(read_iteratively(model, e, n, rule, memory, autocast)))
+            exact, rank = read_iteratively(model, e, n, rule, memory, autocast)
+            hits[f"{n}-iter"].append(int(exact))
+            ranks[f"{n}-iter"].append(rank)
         hits["in-pass"].append(int(read_in_pass(model, e, rule, memory, autocast)))
     model.restore_memory(memory)
     by_needle = {k: [statistics.fmean([h for h, a in zip(v, asked) if a == j]) for j in range(cfg.needles)]
                  for k, v in hits.items()}
+    # Candidate match: the asked needle's number is the likeliest of the episode's numbers
+    # (chance 1 / needles; issue 22), for the n-iter readings, whose final read writes nothing.
     return {"accuracy": {k: statistics.fmean(v) for k, v in hits.items()}, "hits": hits,
+            "ranks": ranks, "candidate_match": {k: statistics.fmean(r == 1 for r in v) for k, v in ranks.items()},
             "by_needle": by_needle,
             "distance_by_needle": [statistics.fmean([d for d, a in zip(distances, asked) if a == j])
                                    for j in range(cfg.needles)]}
@@ -238,11 +290,20 @@ def check_models(exp: NeedleExperiment) -> dict[str, Any]:
                               f"{exp.family} ({list(family.variants)})")
         if spec["variant"] not in setups:
             setups[spec["variant"]] = family.setup(spec["variant"], exp.base_seed, who="needle")
+        try:
+            reach_config(setups[spec["variant"]].model_config, spec)
+        except ConfigError as err:
+            raise ConfigError(f"needle config field 'models.{name}.model': {err}") from None
     scenario = next(iter(setups.values())).scenario
     if exp.haystack_domain not in scenario.domains:
         raise ConfigError(f"needle config field 'haystack_domain': {exp.haystack_domain!r} is not a domain of "
                           f"the family's stream ({list(scenario.domains)})")
     return setups
+
+
+def reach_config(model_config, spec: dict[str, Any]):
+    """The variant's architecture with the model's attention-reach changes (`spec["model"]`)."""
+    return dataclasses.replace(model_config, **(spec.get("model") or {}))
 
 
 def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], None] = print,
@@ -256,8 +317,9 @@ def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], N
     _, _, _, weights = ensure_base(setup, progress_bar=False, say=say)
     cfg = setup.config
     rule = dataclasses.replace(cfg.pretrain.fwpkm, **(spec.get("rule") or {}))
-    model = build_model(setup.model_config, 0, rule)
-    model.load_state_dict(weights)
+    model_config = reach_config(setup.model_config, spec)
+    model = build_model(model_config, 0, rule)
+    model.load_state_dict(weights)  # reach fields hold no parameters: the base loads unchanged
     tokenizer = setup.scenario.tokenizer
     data = setup.scenario.domains[exp.haystack_domain]
     loss = None
@@ -266,7 +328,8 @@ def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], N
         loss = finetune(model, exp, rule, _tokens(data.splits["pretrain"]), tokenizer, seed, cfg.pretrain.precision)
     say(f"{name}, seed {seed}: scoring {exp.episodes} episodes")
     result = score(model, exp, rule, _tokens(data.splits["eval"]), tokenizer, cfg.pretrain.precision)
-    return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss, "window": setup.model_config.window,
+    return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss, "window": model_config.window,
+            "mixer": model_config.mixer,
             "fwpkm_layers": setup.model_config.fwpkm_layers, **result}
 
 
@@ -311,6 +374,12 @@ def summarise(exp: NeedleExperiment, results: list[dict]) -> dict[str, Any]:
                         "wilson": wilson(k, exp.episodes * len(runs)),
                         "by_needle": [statistics.fmean(v) for v in zip(*(r["by_needle"][s] for r in runs))]}
         entry["distance_by_needle"] = runs[0]["distance_by_needle"]
+        if all("ranks" in r for r in runs):  # members scored before candidate match have none
+            entry["candidate_match"] = {}
+            for s in runs[0]["ranks"]:
+                k = sum(sum(rank == 1 for rank in r["ranks"][s]) for r in runs)
+                entry["candidate_match"][s] = {"mean": k / (exp.episodes * len(runs)),
+                                               "wilson": wilson(k, exp.episodes * len(runs))}
         out["models"][name] = entry
     return out
 
@@ -327,6 +396,13 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
                  + f" [{entry[s]['wilson'][0]:.2f}, {entry[s]['wilson'][1]:.2f}]" for s in settings]
         label = f"{name} ({'fine-tuned' if entry['finetuned'] else 'zero-shot'})"
         lines.append(f"{label:>26s}" + "".join(f"{c:>{width}s}" for c in cells))
+    lines.append(f"candidate match: the asked needle's number is the likeliest of the {exp.needle_config.needles} "
+                 f"(chance {1 / exp.needle_config.needles:.2f}) [95 % Wilson interval]")
+    for name, entry in summary["models"].items():
+        match = entry.get("candidate_match")
+        cells = [f"{match[s]['mean']:.2f} [{match[s]['wilson'][0]:.2f}, {match[s]['wilson'][1]:.2f}]"
+                 if match and s in match else "n/a" for s in settings]
+        lines.append(f"{name:>26s}" + "".join(f"{c:>{width}s}" for c in cells))
     first = next(iter(summary["models"].values()))
     lines.append("by asked needle (mean tokens from needle to answer: "
                  + ", ".join(f"{d:.0f}" for d in first["distance_by_needle"]) + "):")

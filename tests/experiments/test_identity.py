@@ -118,7 +118,8 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
     # Every shipped YAML is a run config or one experiment's own config, and loads as one.
     others = {"recall": recall.load, "longctx": longctx.load, "niah": niah.load, "compare_strategies": compare.load,
-              "compare_strategies_dev": compare.load, "reference_family": longctx.load}
+              "compare_strategies_dev": compare.load, "reference_family": longctx.load,
+              "niah_reference": niah.load}
     for stem, loader in others.items():
         loader(root / f"{stem}.yaml")
     configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml")) if p.stem not in others}

@@ -48,11 +48,59 @@ def test_n_iter_is_n_reads_and_n_minus_1_whole_context_writes(model_and_episodes
         assert len(captured) == n  # n forward passes in all
     # the writes change what the final read sees; one read writes nothing
     assert not torch.equal(logits[1], logits[2]) and not torch.equal(logits[2], logits[3])
+    # The final read is one batch, a row per needle's number: the asked row is the plain read of
+    # haystack + question + answer (the padding after a shorter row changes none of its positions).
     model.restore_memory(memory)
     model.set_writes(False)
     with torch.no_grad():
-        plain = model(torch.tensor(ep.haystack + ep.question + ep.answer[:-1])[None])
-    assert torch.equal(plain, logits[1])
+        for j, number in enumerate(ep.candidates):
+            plain = model(torch.tensor(ep.haystack + ep.question + number[:-1])[None])
+            torch.testing.assert_close(logits[1][j:j + 1, :plain.shape[1]], plain, rtol=1e-5, atol=1e-5)
+    assert ep.candidates[ep.asked] == ep.answer and len(logits[1]) == len(ep.candidates) == 2
+
+
+def test_candidate_rank_counts_the_needles_the_model_finds_likelier():
+    from types import SimpleNamespace
+
+    from experiments.studies.niah import _rank
+
+    # 3 needles, numbers of 2 tokens; the question ends at position 4 (haystack 3 + question 2)
+    ep = SimpleNamespace(haystack=[0, 0, 0], question=[0, 0], candidates=[[5, 6], [7, 8], [5, 9]], asked=0)
+    logits = torch.zeros(3, 6, 10)
+    for j, (a, b) in enumerate(ep.candidates):  # row j scores its own number at positions 4, 5
+        logits[j, 4, a] = 3.0 - j
+        logits[j, 5, b] = 3.0 - j
+    assert _rank(logits, ep) == 1
+    logits[1, 4, 7] = logits[1, 5, 8] = 8.0  # needle 1's number becomes likelier than the asked one's
+    assert _rank(logits, ep) == 2
+    logits[2, 4, 5] = logits[2, 5, 9] = 9.0
+    assert _rank(logits, ep) == 3 and _rank(logits, SimpleNamespace(**{**vars(ep), "asked": 2})) == 1
+
+
+def test_the_positive_controls_reach_is_full_attention_on_the_same_weights(tiny_base, model_and_episodes):
+    """`model: {window: N}` (N >= the episode) is causal attention over everything, on the base's own
+    weights: the same function as `mixer: full` with no windowed training, not the base's window."""
+    from experiments.setup import build_model
+    from experiments.studies.niah import reach_config
+
+    base, episodes, rule = model_and_episodes
+    setup = tiny_base.setup
+    ep = episodes[0]
+    ids = torch.tensor(ep.haystack + ep.question + ep.answer[:-1])[None]
+    assert ids.shape[1] > setup.model_config.window  # needles beyond the base's window
+
+    def logits(spec):
+        m = build_model(reach_config(setup.model_config, spec), 0, rule)
+        m.load_state_dict(base.state_dict())
+        m.eval()
+        m.set_writes(False)
+        with torch.no_grad():
+            return m(ids)
+
+    wide = logits({"model": {"window": 4096}})
+    assert wide.shape == logits({}).shape and not torch.allclose(wide, logits({}), atol=1e-3)
+    torch.testing.assert_close(wide, logits({"model": {"mixer": "full", "pswa_prob": 0.0}}), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits({"model": {"window": setup.model_config.window}}), logits({}), rtol=0, atol=0)
 
 
 def test_episodes_start_from_the_same_memory(model_and_episodes):
@@ -94,6 +142,7 @@ def family_files(tiny, tmp_path, **niah):
     ({"models": {"x": {"variant": "fwpkm", "rule": {"chunkz": 3}}}}, "models.x.rule"),
     ({"models": {"x": {"varient": "fwpkm"}}}, "needs 'variant'"),
     ({"iterations": [0, 1]}, "iterations"),
+    ({"models": {"x": {"variant": "fwpkm", "model": {"d_model": 8}}}}, "may change only .*'window'"),
 ])
 def test_bad_configs_are_named(tiny, tmp_path, fields, message):
     with pytest.raises((ConfigError, ValueError), match=message):
@@ -103,6 +152,7 @@ def test_bad_configs_are_named(tiny, tmp_path, fields, message):
 @pytest.mark.parametrize("fields, message", [
     ({"models": {"x": {"variant": "mamba"}}}, "models.x.variant.*'mamba' is not a variant"),
     ({"haystack_domain": "poetry"}, "haystack_domain.*'poetry' is not a domain"),
+    ({"models": {"x": {"variant": "fwpkm", "model": {"mixer": "mamba"}}}}, "models.x.model.*mixer"),
 ])
 def test_unknown_names_are_named_before_any_work(tiny, tmp_path, fields, message):
     with pytest.raises(ConfigError, match=message):
@@ -122,6 +172,10 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
             assert len(hits) == 6 and saved["models"][name][setting]["mean"] == pytest.approx(sum(hits) / 6)
             low, high = saved["models"][name][setting]["wilson"]
             assert 0 <= low <= sum(hits) / 6 <= high <= 1
+        for setting in ("1-iter", "2-iter"):  # candidate match: rank 1 of the 2 needles' numbers
+            ranks = per["ranks"][setting]
+            assert len(ranks) == 6 and set(ranks) <= {1, 2}
+            assert saved["models"][name]["candidate_match"][setting]["mean"] == pytest.approx(ranks.count(1) / 6)
     again = []
     run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=again.append)
     assert not any("scoring" in s for s in again)
