@@ -45,7 +45,9 @@ def test_the_main_job_config_names_the_shipped_base_and_its_write_rule(shipped):
     assert record["write_rule"]["lr_values"] == cfg.pretrain.fwpkm.lr_values
     assert record["write_rule"]["chunk"] == cfg.pretrain.fwpkm.chunk
     # Well past unigram on every domain, new ones included (the weak base was one nat better).
-    assert all(record["final_eval"][d] < record["unigram"][d] - 1.5 for d in record["unigram"])
+    # (The quick base was 1 nat under unigram on average; these are 2, and at least 1 on each domain.)
+    assert record["final_eval_mean"] < record["unigram_mean"] - 2.0
+    assert all(record["final_eval"][d] < record["unigram"][d] - 1.0 for d in record["unigram"])
 
 
 def test_this_code_reproduces_the_shipped_bases_probe(shipped):
