@@ -113,6 +113,7 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
 
     check_given_bases(comp.run, [], comp.base_seeds)
     members: dict[str, list[dict[str, Any]]] = {}
+    outcomes: dict[str, list[Any]] = {}  # each member's RunResults, in member order
     for entry, overrides in comp.entries.items():
         for base, seed in comp.members():
             extra = [f"seed={seed}"] + ([] if base is None else [f"pretrain.seed={base}"])
@@ -128,7 +129,8 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
             if base is not None:
                 member["base_seed"] = base
             members.setdefault(entry, []).append(member)
-    document_differences(members)
+            outcomes.setdefault(entry, []).append(results)
+    document_differences(members, outcomes)
     table = summarise(comp, members)
     digest = hashlib.sha256("\0".join(m["folder"] for ms in members.values() for m in ms).encode()).hexdigest()[:12]
     out = Path(load_config(comp.run).runs_root) / f"compare-{comp.name}-{digest}"
@@ -143,21 +145,18 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
     return out, table
 
 
-def document_differences(members: dict[str, list[dict]]) -> None:
+def document_differences(members: dict[str, list[dict]], outcomes: dict[str, list[Any]]) -> None:
     """Each member of every entry but the first gets `vs_first_documents`: its difference from the
     first entry's member of the same base and seed, with a paired bootstrap over the evaluation
     documents both scored (analysis/bootstrap.py) — the interval within one base, which is all a
     single-base comparison has."""
     from analysis.bootstrap import difference_bootstrap
-    from cl_platform.results import RunResults
 
     first, *others = members
     for entry in others:
-        for ref, m in zip(members[first], members[entry]):
+        for ref, m, a, b in zip(members[first], members[entry], outcomes[first], outcomes[entry]):
             if (ref.get("base_seed"), ref["seed"]) != (m.get("base_seed"), m["seed"]):
                 raise ValueError(f"compare: entries {first!r} and {entry!r} ran their members in another order")
-            a = RunResults.from_json(Path(ref["folder"]) / "results.json")
-            b = RunResults.from_json(Path(m["folder"]) / "results.json")
             diff = difference_bootstrap(a, b)["metrics"]
             m["vs_first_documents"] = {k: {"vs": first, **diff[k]} for k in METRICS if k in diff}
 
@@ -238,28 +237,23 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
         cells.append(f"{row['relative_compute']:.2f}x")
         cells.append(f"{row['state_bytes'] / 1e6:.2f} MB")
         lines.append(f"{entry:>18s} {row['mode']:>9s} " + "".join(f"{c:>20s}" for c in cells))
-    paired_rows = [(entry, row["vs_first"]) for entry, row in table.items() if row.get("vs_first")]
-    pairs = len(next(iter(paired_rows[0][1].values()))["values"]) if paired_rows else 0
-    if pairs == 1:  # one base and seed: the interval is over the documents both runs scored
+    paired_rows = [(entry, row) for entry, row in table.items() if row.get("vs_first")]
+    pairs = len(next(iter(paired_rows[0][1]["vs_first"].values()))["values"]) if paired_rows else 0
+    if pairs:
         first = next(iter(table))
-        lines += ["", f"paired differences from {first} (entry − {first}, one base and seed): value "
-                      "[95 % paired bootstrap over evaluation documents, within this base]",
+        # One base and seed: the interval is over the documents both runs scored; more: over the pairs.
+        within = pairs == 1
+        what = ("one base and seed): value [95 % paired bootstrap over evaluation documents, within this base]"
+                if within else f"member by member): mean [95 % t-interval over the {pairs} pairs]")
+        lines += ["", f"paired differences from {first} (entry − {first}, {what}",
                   f"{'entry':>18s} " + "".join(f"{h:>28s}" for h in heads[:len(METRICS)])]
-        for entry, row in table.items():
-            docs = row.get("vs_first_documents") or {}
-            if not row.get("vs_first"):
-                continue
-            cells = [f"{docs[m]['value']:+.4f} [{docs[m]['low']:+.3f}, {docs[m]['high']:+.3f}]"
-                     if m in docs else "n/a" for m in METRICS]
-            lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))
-    if pairs > 1:
-        first = next(iter(table))
-        lines += ["", f"paired differences from {first} (entry − {first}, member by member): mean "
-                      f"[95 % t-interval over the {pairs} pairs]",
-                  f"{'entry':>18s} " + "".join(f"{h:>28s}" for h in heads[:len(METRICS)])]
-        for entry, diffs in paired_rows:
-            cells = [f"{diffs[m]['mean']:+.4f} [{diffs[m]['t95'][0]:+.3f}, {diffs[m]['t95'][1]:+.3f}]"
-                     if m in diffs else "n/a" for m in METRICS]
+        for entry, row in paired_rows:
+            if within:
+                stats = {m: (d["value"], d["low"], d["high"]) for m, d in row.get("vs_first_documents", {}).items()}
+            else:
+                stats = {m: (d["mean"], *d["t95"]) for m, d in row["vs_first"].items()}
+            cells = [f"{stats[m][0]:+.4f} [{stats[m][1]:+.3f}, {stats[m][2]:+.3f}]" if m in stats else "n/a"
+                     for m in METRICS]
             lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))
     return "\n".join(lines)
 
