@@ -63,6 +63,7 @@ import yaml
 
 from cl_platform.check import ConfigError, check, is_int, is_number, read_yaml
 from cl_platform.constants import PRECISIONS, Precision
+from cl_platform.device import ACCELERATORS
 from cl_platform.memory.fwpkm import WriteRule
 from cl_platform.memory_policy import POLICIES
 from cl_platform.model import PRESETS, ModelConfig
@@ -93,9 +94,14 @@ class PretrainConfig:
     eval_every: int = 50  # steps between evaluations of the loss curve on the eval splits
     eval_segments: int = 4  # segments per domain in those evaluations (the final one uses all)
     checkpoint_every: int = 50
+    # Where it runs (cl_platform/device.py): auto = CUDA where torch sees a GPU, else the CPU. Not
+    # part of the base key, like the thread count: the same settings on another device are the
+    # same base up to float rounding (the provenance records the machine).
+    accelerator: str = "auto"
 
     # Fields that change when and how progress is reported, never the weights.
     REPORTING: typing.ClassVar[tuple[str, ...]] = ("log_every", "eval_every", "eval_segments", "checkpoint_every")
+    PLACEMENT: typing.ClassVar[tuple[str, ...]] = ("accelerator",)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", *self.REPORTING):
@@ -108,6 +114,7 @@ class PretrainConfig:
         check(is_int(self.seed), self, "seed", "must be an int")
         check(isinstance(self.fwpkm, WriteRule), self, "fwpkm", "must be a WriteRule")
         check(self.precision in PRECISIONS, self, "precision", f"is not one of {list(PRECISIONS)}")
+        check(self.accelerator in ACCELERATORS, self, "accelerator", f"is not one of {list(ACCELERATORS)}")
 
 
 # Used by the outer optimiser only: in 'fast' mode nothing reads them.
@@ -141,7 +148,13 @@ class CLConfig:
     curve_segments: int = 2  # segments per domain in a forgetting-curve evaluation
     checkpoint_every: int = 10  # steps between resumable checkpoints (and one after every row)
     log_every: int = 1  # steps between training-loss / memory-statistics logs
-    devices: int = 1  # > 1: Lightning DDP over CPU processes (gloo); finetune mode only
+    # Where it runs (cl_platform/device.py). accelerator: auto = CUDA where torch sees a GPU, else
+    # the CPU (not part of a run's identity, like the thread count). devices × num_nodes > 1:
+    # Lightning DDP (gloo on CPU, NCCL on CUDA), finetune mode only; each rank streams its shard
+    # of every batch_size-segment step, and the FwPKM writes are summed over the ranks.
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
     # Record what the slots hold and the gate per token into run_dir/inspect/ (bounded in size:
     # cl_platform/memory_recorder.py) for `clp report`; reads what the layers compute, changes nothing.
     inspect: bool = False
@@ -155,8 +168,9 @@ class CLConfig:
         check(self.eval_split in ("eval", "dev"), self, "eval_split", "is not one of ['eval', 'dev']")
         check(self.precision in PRECISIONS, self, "precision", f"is not one of {list(PRECISIONS)}")
         for name in ("batch_size", "eval_batch_size", "curve_every", "curve_segments", "checkpoint_every",
-                     "log_every", "devices"):
+                     "log_every", "devices", "num_nodes"):
             check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
+        check(self.accelerator in ACCELERATORS, self, "accelerator", f"is not one of {list(ACCELERATORS)}")
         check(is_number(self.lr, 0.0, strict=True), self, "lr", "must be a finite number > 0")
         for name in ("weight_decay", "grad_clip"):
             check(is_number(getattr(self, name), 0.0), self, name, "must be a finite number >= 0")
@@ -167,6 +181,7 @@ class CLConfig:
         # Fast mode trains no slow weights, so there is nothing for data parallelism to
         # synchronise but the writes; one process streams the same data just as well.
         check(self.devices == 1 or self.mode == "finetune", self, "devices", "> 1 needs cl.mode 'finetune'")
+        check(self.num_nodes == 1 or self.mode == "finetune", self, "num_nodes", "> 1 needs cl.mode 'finetune'")
         if self.mode == "fast":
             defaults = CLConfig.__dataclass_fields__
             for name in FINETUNE_ONLY:

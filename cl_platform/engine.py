@@ -37,8 +37,9 @@ left intact; `--resume` once there is room continues from it exactly. The run fo
 caller (experiments/run.py) settles it before the runner starts; the runner writes its checkpoint,
 results and timings into it.
 
-Data parallelism (`cl.devices > 1`, finetune mode): Lightning DDP over CPU processes with gloo,
-each rank training on its shard of the experience. The paper's code lets every rank write its
+Data parallelism (`cl.devices` × `cl.num_nodes` > 1, finetune mode): Lightning DDP (gloo on CPU,
+NCCL on CUDA: cl_platform/device.py), each rank training on its shard of the experience. The
+paper's code lets every rank write its
 own shard into its own memory, so the ranks' fast weights drift apart and which model is being
 evaluated depends on the rank. Here every FwPKM write is summed over the ranks
 (`cl_platform.memory.fwpkm.RankSum`): each rank applies the write one process would make from the
@@ -65,6 +66,7 @@ from cl_platform.atomic import WriteError, atomic_write_json
 from cl_platform.callbacks import RunCallback, TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import load_latest, save_checkpoint
 from cl_platform.config import RunConfig
+from cl_platform.device import HOST, Placement
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
 from cl_platform.memory_policy import get_memory_policy
 from cl_platform.model import FwPKMLM
@@ -237,7 +239,7 @@ class ContinualRunner:
             self.position.start_experience()
         # The loader shards the experience itself (shard_data=False): a resumed DDP run then reads
         # the rest of the same sharded order (streams/datamodule.py:ResumableSampler).
-        trainer = make_trainer(self.config.cl.devices, self._lightning_callbacks, self.logger, self.progress_bar,
+        trainer = make_trainer(Placement.of(self.config.cl), self._lightning_callbacks, self.logger, self.progress_bar,
                                shard_data=False)
         loader = exp.adapt_loader(self.config.cl.batch_size, start=self.position.segments_done,
                                   rank=trainer.global_rank, world=trainer.world_size)
@@ -261,16 +263,18 @@ class ContinualRunner:
             return
         h = hashlib.sha256()
         for layer in self.module.model.fwpkm_layers():
-            h.update(layer.keys.detach().numpy().tobytes())
-            h.update(layer.values.detach().numpy().tobytes())
-        mine = torch.tensor(list(h.digest()), dtype=torch.int64)
+            h.update(layer.keys.detach().to(HOST).numpy().tobytes())
+            h.update(layer.values.detach().to(HOST).numpy().tobytes())
+        # NCCL gathers CUDA tensors only; gloo, host ones.
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else HOST
+        mine = torch.tensor(list(h.digest()), dtype=torch.int64, device=device)
         every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
         if not all(torch.equal(every[0], d) for d in every):
             raise RuntimeError(f"after experience {t} the ranks hold different fast-weight memories")
 
     def _evaluate_row(self, t: int) -> None:
-        trainer = make_trainer(self.config.cl.devices, self._lightning_callbacks, self.logger, self.progress_bar,
+        trainer = make_trainer(Placement.of(self.config.cl), self._lightning_callbacks, self.logger, self.progress_bar,
                                shard_data=False)
         trainer.validate(self.module, dataloaders=self.eval_loaders, verbose=False)
         for domain in self.domains:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cl_platform.constants import IGNORE_INDEX, PRECISIONS, Precision
+from cl_platform.device import model_device, to_device
 from cl_platform.memory.fwpkm import NonFiniteWriteError
 from cl_platform.memory_policy import EvalMemoryPolicy, FrozenMemory, MemorySession
 from cl_platform.model import FwPKMLM
@@ -340,6 +341,7 @@ class LMModule(L.LightningModule):
         loops (forgetting curves run in the middle of a training epoch, at the run's own step)."""
         was_training = self.model.training
         self.model.eval()
+        device = model_device(self.model)  # in the middle of a fit: Lightning's, the loaders' are on the host
         session = self.memory_policy.open(self.model)
         out = {}
         try:
@@ -348,7 +350,7 @@ class LMModule(L.LightningModule):
                     session.start_domain()
                     loss_sum, count = 0.0, 0
                     for batch in loader:
-                        s, n = self.token_loss_sum(batch)
+                        s, n = self.token_loss_sum(to_device(batch, device))
                         loss_sum, count = loss_sum + s, count + n
                     out[name] = loss_sum / count if count else math.nan
         finally:

@@ -45,7 +45,11 @@ from torch import Tensor
 from cl_platform.atomic import atomic_write, atomic_write_json
 from cl_platform.callbacks import RunCallback
 from cl_platform.constants import IGNORE_INDEX
+from cl_platform.device import HOST
 
+# Everything recorded lives in host memory (HOST), whatever device the model runs on: the tables
+# are bounded and read back by numpy, and a GPU's memory is the model's. Each call's tensors are
+# copied there once, at the start of `_observe`.
 TOP_SLOTS = 8  # slots shown per layer and experience
 EXAMPLES = 5  # writer and reader examples kept per slot
 CONTEXT = 10  # tokens of context on each side of an example
@@ -58,8 +62,8 @@ class TopPerSlot:
 
     def __init__(self, num_slots: int, k: int):
         self.k = k
-        self.weight = torch.full((num_slots, k), -torch.inf)
-        self.ref = torch.full((num_slots, k), -1, dtype=torch.long)
+        self.weight = torch.full((num_slots, k), -torch.inf, device=HOST)
+        self.ref = torch.full((num_slots, k), -1, dtype=torch.long, device=HOST)
 
     def update(self, slots: Tensor, weight: Tensor, ref: Tensor) -> None:
         if not slots.numel():
@@ -75,7 +79,7 @@ class TopPerSlot:
         order = order[torch.argsort(s[order], stable=True)]
         s, w, r = s[order], w[order], r[order]
         start = torch.searchsorted(s, s)  # first position of each event's slot
-        rank = torch.arange(s.numel()) - start
+        rank = torch.arange(s.numel(), device=s.device) - start
         top = rank < self.k
         self.weight[touched] = -torch.inf
         self.ref[touched] = -1
@@ -195,7 +199,8 @@ class MemoryRecorder(RunCallback):
         if self.mode is None or id(layer) not in self._layer_ids:
             return  # between batches (forgetting curves, strategy hooks), or a copy such as LwF's teacher
         B = self.rows_in_batch
-        g, idx, weights = g[:B].float(), idx[:B], weights[:B].float()
+        writable = layer.write_mask[idx[:B]].to(HOST) if self.mode == "write" else None
+        g, idx, weights = g[:B].float().to(HOST), idx[:B].to(HOST), weights[:B].float().to(HOST)
         T, H, k = idx.shape[1], idx.shape[2], idx.shape[3]
         if self.mode == "read" and self.eval_domain is not None and self.eval_domain in self.gate_ids:
             kept = self.gates.setdefault(self.eval_domain, {}).setdefault(layer.name, [])
@@ -206,24 +211,24 @@ class MemoryRecorder(RunCallback):
         if phase is None or (self.mode == "read" and self.eval_domain != phase.domain):
             return
         N = layer.values.shape[0]
-        ref = (self.first_ref + torch.arange(B * T)).view(B, T, 1, 1).expand(B, T, H, k)
+        ref = (self.first_ref + torch.arange(B * T, device=HOST)).view(B, T, 1, 1).expand(B, T, H, k)
         w = g.view(B, T, 1, 1) * weights
         valid = torch.ones_like(w, dtype=torch.bool)
         if self.mode == "write":
             rule = layer.rule
             if rule.lookahead:  # the last token of each write chunk has no target inside it
-                t = torch.arange(T)
+                t = torch.arange(T, device=HOST)
                 step = min(rule.chunk, T)
                 last = ((t + 1) % step == 0) | (t == T - 1)
                 valid &= ~last.view(1, T, 1, 1)
-            valid &= layer.write_mask[idx]
+            valid &= writable
             store, count = phase.writers, phase.write_count
-            phase.write_weight.setdefault(layer.name, torch.zeros(N, dtype=torch.float64)).index_add_(
+            phase.write_weight.setdefault(layer.name, torch.zeros(N, dtype=torch.float64, device=HOST)).index_add_(
                 0, idx[valid], w[valid].double())
         else:
             store, count = phase.readers, phase.read_count
         slots = idx[valid]
-        count.setdefault(layer.name, torch.zeros(N, dtype=torch.long)).index_add_(0, slots, torch.ones_like(slots))
+        count.setdefault(layer.name, torch.zeros(N, dtype=torch.long, device=HOST)).index_add_(0, slots, torch.ones_like(slots))
         store.setdefault(layer.name, TopPerSlot(N, EXAMPLES)).update(slots, w[valid], ref[valid])
 
     def _keep_gate_tokens(self, batch) -> None:
@@ -232,9 +237,9 @@ class MemoryRecorder(RunCallback):
         budget = GATE_TOKENS - sum(x.numel() for x in ids)
         if budget <= 0:
             return
-        ids.append(batch["input_ids"].flatten()[:budget].int())
+        ids.append(batch["input_ids"].flatten()[:budget].int().to(HOST))
         doc = batch.get("doc_index")
-        doc = doc.flatten()[:budget].int() if doc is not None else torch.full_like(ids[-1], -1)
+        doc = doc.flatten()[:budget].int().to(HOST) if doc is not None else torch.full_like(ids[-1], -1)
         self.gate_docs.setdefault(domain, []).append(doc)
 
     # --- files ---------------------------------------------------------------------------------

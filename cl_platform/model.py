@@ -194,8 +194,9 @@ class Attention(nn.Module):
     def uses_window(self) -> bool:
         if self.mixer == "swa":
             return True
-        # pSWA: each layer draws once per forward from the global generator (torch.manual_seed replays it)
-        return self.training and torch.rand(()).item() < self.pswa_prob
+        # pSWA: each layer draws once per forward from the global host generator (torch.manual_seed
+        # replays it), on any device: the same draws on a GPU as on the CPU.
+        return self.training and torch.rand((), device="cpu").item() < self.pswa_prob
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, d = x.shape

@@ -42,6 +42,7 @@ from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import latest_checkpoint, load_latest, previous_path, save_checkpoint
 from cl_platform.config import PretrainConfig
 from cl_platform.constants import IGNORE_INDEX
+from cl_platform.device import HOST, Placement
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, mean_loss
 from cl_platform.model import FwPKMLM
 from cl_platform.provenance import VERSIONS, base_code, machine
@@ -56,7 +57,7 @@ RECORD = "pretrain.json"
 def unigram_losses(train_loader: DataLoader, eval_loaders: dict[str, DataLoader], vocab_size: int) -> dict[str, float]:
     """Per-token cross-entropy of each eval split under the add-one smoothed unigram distribution
     of the training targets (padding excluded)."""
-    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    counts = torch.zeros(vocab_size, dtype=torch.float64, device=HOST)
     for batch in train_loader:
         y = batch["targets"].flatten()
         counts += torch.bincount(y[y != IGNORE_INDEX], minlength=vocab_size).double()
@@ -154,7 +155,7 @@ class Pretrainer:
             loader = self._loader(self.position.step, remaining)
             hooks = StepHooks(self._after_step, on_start=self._set_trainer)
             callbacks = [TrainingLogger(self.config.log_every, "pretrain"), hooks]
-            trainer = make_trainer(1, callbacks, self.logger, self.progress_bar)
+            trainer = make_trainer(Placement.of(self.config), callbacks, self.logger, self.progress_bar)
             try:
                 trainer.fit(self.module, train_dataloaders=loader)
             except NonFiniteLossError as err:

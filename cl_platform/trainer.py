@@ -1,6 +1,6 @@
 """Trainer plumbing shared by pretraining and the continual-learning runner.
 
-    trainer = make_trainer(devices=1, callbacks=[StepHooks(on_step)], logger=logger, progress_bar=True)
+    trainer = make_trainer(Placement(), callbacks=[StepHooks(on_step)], logger=logger, progress_bar=True)
     trainer.fit(module, train_dataloaders=loader)
 
 Both runners use a fresh Trainer for every fit and every evaluation (a Trainer that has reached
@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from torch.utils.data import DataLoader, Subset
 
 from cl_platform.callbacks import ExperienceProgressBar
+from cl_platform.device import Placement
 
 
 class RunStopped(RuntimeError):
@@ -46,22 +47,25 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def make_trainer(devices: int, callbacks: list, logger: Any, progress_bar: bool, shard_data: bool = True) -> L.Trainer:
-    """A fresh Trainer for one fit or one evaluation. devices > 1: DDP over CPU processes with
-    gloo; buffers are not broadcast (the FwPKM layers sum their writes over ranks themselves, so
-    every rank holds the same memory; broadcasting rank 0's would hide a divergence).
+def make_trainer(placement: Placement, callbacks: list, logger: Any, progress_bar: bool,
+                 shard_data: bool = True) -> L.Trainer:
+    """A fresh Trainer for one fit or one evaluation, placed as `placement` says (accelerator,
+    devices, num_nodes: cl_platform/device.py). A world of more than one process: DDP, gloo on
+    CPU and NCCL on CUDA; buffers are not broadcast (the FwPKM layers sum their writes over ranks
+    themselves, so every rank holds the same memory; broadcasting rank 0's would hide a divergence).
     `shard_data=False` lets every rank read all of its data (evaluations: every rank computes the
     whole results row, no reduction needed)."""
     strategy: Any = "auto"
-    if devices > 1:
+    if placement.world_size > 1:
         from lightning.pytorch.strategies import DDPStrategy
 
-        strategy = DDPStrategy(process_group_backend="gloo", broadcast_buffers=False)
+        strategy = DDPStrategy(process_group_backend=placement.ddp_backend(), broadcast_buffers=False)
     if progress_bar:
         callbacks = [*callbacks, ExperienceProgressBar()]
     return L.Trainer(
-        accelerator="cpu",
-        devices=devices,
+        accelerator=placement.accelerator,
+        devices=placement.devices,
+        num_nodes=placement.num_nodes,
         strategy=strategy,
         max_epochs=1,
         logger=logger,

@@ -14,6 +14,8 @@ Two identities, each covering exactly what changes its result:
   progress is reported, with the base key standing for the pretraining section, the write rule
   every FwPKM layer uses in the continual phase, and fingerprints of the data the phase reads.
   Fields that cannot affect a run in its mode are refused by the config (`cl.lr` in fast mode).
+Neither covers the accelerator (like the thread count, it moves results by float rounding only;
+the provenance records the machine), so a run started on a GPU can be resumed on a CPU.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from cl_platform.check import ConfigError
 from cl_platform.checkpoint import model_config_dict
 from cl_platform.config import FINETUNE_ONLY, CLConfig, PretrainConfig, RunConfig, config_hash, load_config
+from cl_platform.device import check_placement
 from cl_platform.memory.fwpkm import WriteRule
 from cl_platform.model import FwPKMLM, ModelConfig
 
@@ -56,6 +59,13 @@ def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
 
     path = Path(config_path)
     cfg = load_config(path, overrides)
+    # Where the phases run, before any data is built or read: a GPU this machine lacks, or a
+    # multi-node launch without its launcher, is named here, with nothing written.
+    try:
+        check_placement(cfg.pretrain, "pretrain")
+        check_placement(cfg.cl, "cl")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     try:
         stream_cfg = load_stream_config(cfg.stream)
     except FileNotFoundError:
@@ -131,7 +141,7 @@ def pretrain_fingerprint(scenario) -> str:
 
 def base_key(setup: Setup) -> str:
     settings = dataclasses.asdict(setup.config.pretrain)
-    for name in PretrainConfig.REPORTING:
+    for name in PretrainConfig.REPORTING + PretrainConfig.PLACEMENT:
         settings.pop(name)
     return config_hash({
         "model": model_config_dict(setup.model_config),
@@ -164,8 +174,12 @@ def run_identity(setup: Setup, base: dict[str, str]) -> dict[str, Any]:
     cfg.pop("pretrain")  # the base key (or the given checkpoint's) stands for it
     cfg.pop("model")  # the resolved architecture below has the vocabulary too
     cl = cfg["cl"]
-    for name in CLConfig.REPORTING + ("fwpkm", "fwpkm_by_layer"):
+    for name in CLConfig.REPORTING + ("fwpkm", "fwpkm_by_layer", "accelerator"):
         cl.pop(name)
+    # The world size changes a finetune run (each rank streams its own shard); one node hashes as
+    # the runs made before `num_nodes` existed.
+    if cl["num_nodes"] == 1:
+        cl.pop("num_nodes")
     if setup.config.cl.mode == "fast":
         for name in FINETUNE_ONLY:
             cl.pop(name)

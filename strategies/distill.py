@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from cl_platform.device import HOST, model_device
 from cl_platform.strategy import Strategy, StrategyContext
 from strategies.lwf import token_kl
 
@@ -95,16 +96,18 @@ class Distill(Strategy):
         opts = ([torch.optim.AdamW(dense, lr=self.lr, weight_decay=0.0)] if dense else []) + \
                ([torch.optim.SGD(sparse, lr=self.lr * 100)] if sparse else [])  # lazy rows want larger steps
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + experience)
+        device = model_device(model)
         was_training = model.training
         model.eval()
         model.set_writes(False)
         losses = []
         try:
             for _ in range(self.steps):
-                pick = torch.randint(0, len(segments), (min(self.batch_size, len(segments)),), generator=g)
+                pick = torch.randint(0, len(segments), (min(self.batch_size, len(segments)),), generator=g,
+                                     device=HOST)
                 rows = [segments[int(i)] for i in pick]
-                x = torch.stack([r["input_ids"] for r in rows])
-                y = torch.stack([r["targets"] for r in rows])
+                x = torch.stack([r["input_ids"] for r in rows]).to(device)
+                y = torch.stack([r["targets"] for r in rows]).to(device)
                 model.restore_memory(adapted)
                 with torch.no_grad():
                     teacher = model(x)

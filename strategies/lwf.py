@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cl_platform.constants import IGNORE_INDEX
+from cl_platform.device import model_device
 from cl_platform.strategy import Batch, Strategy, StrategyContext
 
 
@@ -69,6 +70,10 @@ class LwF(Strategy):
             self._pending = None
         if self.teacher is None:
             return {}
+        # The copy was taken between fits, on the host; the student is wherever Lightning put it.
+        device = batch["input_ids"].device
+        if model_device(self.teacher) != device:
+            self.teacher.to(device)
         with torch.no_grad():
             teacher_logits = self.teacher(batch["input_ids"])
         return {"lwf/kl": self.alpha * token_kl(teacher_logits, outputs["logits"], batch["targets"], self.temperature)}

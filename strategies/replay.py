@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from cl_platform.device import HOST
 from cl_platform.strategy import Batch, Strategy, StrategyContext
 
 POLICIES = ("reservoir", "balanced")
@@ -50,7 +51,7 @@ def _as_dataset(ids: torch.Tensor):
 
 def _ids_of(dataset) -> torch.Tensor:
     if len(dataset) == 0:
-        return torch.zeros(0, 2, dtype=torch.long)
+        return torch.zeros(0, 2, dtype=torch.long, device=HOST)
     return torch.stack([dataset[i] for i in range(len(dataset))])
 
 
@@ -95,12 +96,12 @@ class Replay(Strategy):
     def buffered(self) -> torch.Tensor:
         """(n, 2) ids of the buffered segments: experience (1-based), segment index."""
         if self.storage is None:
-            return torch.zeros(0, 2, dtype=torch.long)
+            return torch.zeros(0, 2, dtype=torch.long, device=HOST)
         return _ids_of(self.storage.buffer)
 
     def add(self, experience: int, n_segments: int, seq_len: int) -> None:
         """Offer an experience's `n_segments` adapt segments to the storage policy."""
-        ids = torch.stack([torch.full((n_segments,), experience), torch.arange(n_segments)], dim=1)
+        ids = torch.stack([torch.full((n_segments,), experience, device=HOST), torch.arange(n_segments, device=HOST)], dim=1)
         storage = self._storage(seq_len)
         if self.policy == "reservoir":
             storage.update_from_dataset(_as_dataset(ids))
@@ -119,7 +120,7 @@ class Replay(Strategy):
             return ids
         k = max(1, round(self.ratio * batch_size))
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        return ids[torch.randint(0, len(ids), (k,), generator=g)]
+        return ids[torch.randint(0, len(ids), (k,), generator=g, device=HOST)]
 
     def transform_batch(self, batch: Batch, ctx: StrategyContext) -> Batch:
         picks = self.draw(ctx.global_step, batch["input_ids"].shape[0])

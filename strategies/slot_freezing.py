@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from cl_platform.device import HOST
 from cl_platform.strategy import Strategy, StrategyContext
 
 SCORES = ("tfidf", "usage")
@@ -77,12 +78,12 @@ class SlotFreezing(Strategy):
         record = {"domain": ctx.domain, "experience": ctx.experience, "counts": {}}
         for layer in layers:
             n = layer.config.num_slots
-            counts = layer.read_counts.detach().clone()
+            counts = layer.read_counts.detach().to(HOST).clone()  # the bookkeeping is host-side
             record["counts"][layer.name] = counts
-            owner = self.owner.setdefault(layer.name, torch.full((n,), -1, dtype=torch.long))
+            owner = self.owner.setdefault(layer.name, torch.full((n,), -1, dtype=torch.long, device=HOST))
             background = [h["counts"][layer.name] for h in self.history]
             score = self.scores(counts, background)
-            eligible = (counts > 0) & layer.write_mask.cpu()
+            eligible = (counts > 0) & layer.write_mask.to(HOST)
             room = math.floor(self.budget * n) - int((owner >= 0).sum())
             k = min(math.floor(self.fraction * n), room, int(eligible.sum()))
             if k <= 0:

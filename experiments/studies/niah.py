@@ -202,6 +202,7 @@ def finetune(model, exp: NeedleExperiment, rule, source, tokenizer, seed: int, p
 
     from cl_platform.constants import IGNORE_INDEX
     from cl_platform.lm_module import LMModule, OptimSettings
+    from cl_platform.device import Placement
     from cl_platform.trainer import make_trainer, quiet_lightning
     from streams.needles import make_episode
 
@@ -229,7 +230,7 @@ def finetune(model, exp: NeedleExperiment, rule, source, tokenizer, seed: int, p
     module = LMModule(model, phase="pretrain", seed=seed, precision=precision,
                       optim=OptimSettings(lr=exp.finetune_lr, weight_decay=0.0, grad_clip=1.0,
                                           warmup_steps=exp.finetune_steps // 10, decay_steps=exp.finetune_steps))
-    make_trainer(1, [], logger=False, progress_bar=False).fit(
+    make_trainer(Placement(), [], logger=False, progress_bar=False).fit(
         module, DataLoader(rows, batch_size=exp.finetune_batch_size, shuffle=False))
     return float(module.last_losses["lm"])
 

@@ -98,6 +98,7 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     from cl_platform.lm_module import LMModule, OptimSettings
     from cl_platform.memory.fwpkm import WriteRule
     from cl_platform.model import FwPKMLM
+    from cl_platform.device import Placement
     from cl_platform.trainer import make_trainer, quiet_lightning
     from streams.recall import recall_batch
 
@@ -116,7 +117,7 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     module = LMModule(model, phase="pretrain", seed=seed,
                       optim=OptimSettings(lr=exp.lr, weight_decay=0.0, grad_clip=1.0,
                                           warmup_steps=exp.steps // 20, decay_steps=exp.steps))
-    make_trainer(1, [], logger=False, progress_bar=False).fit(module, DataLoader(rows, batch_size=exp.batch_size))
+    make_trainer(Placement(), [], logger=False, progress_bar=False).fit(module, DataLoader(rows, batch_size=exp.batch_size))
     train_loss = module.last_losses["lm"]
     model.eval()
     accuracy = {}

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from cl_platform.device import Placement
 from cl_platform.trainer import make_trainer, quiet_lightning
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings
 from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule
@@ -51,7 +52,7 @@ def _quiet():
 
 
 def fit(module, data):
-    make_trainer(1, [], logger=False, progress_bar=False).fit(module, train_dataloaders=data)
+    make_trainer(Placement(), [], logger=False, progress_bar=False).fit(module, train_dataloaders=data)
 
 
 def test_fast_mode_changes_only_the_memory():
@@ -71,7 +72,7 @@ def test_finetune_trains_slow_weights_and_the_optimiser_holds_no_fast_weights():
     model = tiny_model()
     before = state(model)
     module = LMModule(model, phase="finetune", optim=OptimSettings(lr=1e-2))
-    trainer = make_trainer(1, [], logger=False, progress_bar=False)
+    trainer = make_trainer(Placement(), [], logger=False, progress_bar=False)
     trainer.fit(module, train_dataloaders=loader())
     assert not torch.equal(before["blocks.1.attn.qkv.weight"], model.blocks[1].attn.qkv.weight)
     in_optimizer = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
@@ -94,7 +95,7 @@ def test_evaluation_leaves_the_model_bit_identical(policy):
     fit(LMModule(model, phase="fast"), loader())  # a memory that is not the initial one
     before = state(model)
     module = LMModule(model, phase="fast", memory_policy=get_memory_policy(policy), eval_domains=["a", "b"])
-    make_trainer(1, [], logger=False, progress_bar=False, shard_data=False).validate(
+    make_trainer(Placement(), [], logger=False, progress_bar=False, shard_data=False).validate(
         module, dataloaders=[loader(4), loader(6)], verbose=False)
     assert same(before, state(model))
     assert all(layer.writes_enabled for layer in model.fwpkm_layers())

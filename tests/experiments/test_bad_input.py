@@ -1,6 +1,7 @@
 """Bad input: each a clear error naming the problem, and nothing overwritten."""
 import dataclasses
 import hashlib
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from cl_platform.checkpoint import CheckpointError, load_checkpoint, save_checkp
 from cl_platform.results import RunResults
 from cl_platform.run_dir import RunDirError
 from cl_platform.check import ConfigError
+from cl_platform.device import LAUNCHERS, check_placement
 from cl_platform.strategy import Strategy
 from cl_platform.trainer import RunStopped
 from experiments.cli import main as cli_main
@@ -65,6 +67,9 @@ def nan_strategy(monkeypatch):
         ({"strategy": [{"name": "naive"}, {"name": "lwf"}]}, ConfigError, ["'strategy[1]'", "finetune"]),
         ({"model": {"fwpkm_layers": []}, "strategy": {"name": "slot_transfer"}}, ConfigError, ["no FwPKM layer"]),
         ({"cl": {"eval_memory": "keep"}}, ConfigError, ["cl.eval_memory", "'keep'"]),
+        ({"cl": {"accelerator": "tpu"}}, ConfigError, ["cl.accelerator", "'tpu'", "auto"]),
+        ({"pretrain": {"accelerator": "cuda"}}, ConfigError, ["pretrain.accelerator", "'cuda'", "gpu"]),
+        ({"cl": {"num_nodes": 2}}, ConfigError, ["cl.num_nodes", "finetune"]),
     ],
 )
 def test_bad_config_names_the_problem_and_writes_nothing(tiny, tmp_path, overrides, error, words):
@@ -75,6 +80,29 @@ def test_bad_config_names_the_problem_and_writes_nothing(tiny, tmp_path, overrid
     for word in words:
         assert word in str(info.value)
     assert not runs.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: accelerator=gpu is valid here")
+def test_an_accelerator_the_machine_lacks_is_refused_before_any_work(tiny, tmp_path, capsys):
+    path = tiny.config(tmp_path / "gpu.yaml", runs_root=str(tmp_path / "runs"), cl={"accelerator": "gpu"})
+    assert cli_main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'cl.accelerator'" in err[0] and "no CUDA device" in err[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_several_nodes_without_a_launcher_are_refused_before_any_work(tiny, tmp_path, capsys, monkeypatch):
+    for variables in LAUNCHERS.values():
+        for v in variables:
+            monkeypatch.delenv(v, raising=False)
+    path = tiny.config(tmp_path / "nodes.yaml", runs_root=str(tmp_path / "runs"), cl={"mode": "finetune", "num_nodes": 2})
+    assert cli_main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "'cl.num_nodes'" in err and "torchrun" in err and "Several machines" in err
+    assert not (tmp_path / "runs").exists()
+    # The same placement under a launcher's environment passes the check.
+    check_placement(SimpleNamespace(accelerator="cpu", devices=1, num_nodes=2), "cl",
+                    {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "1"})
 
 
 def test_base_checkpoint_of_another_model_is_refused(tiny, tiny_base, tmp_path):
