@@ -81,6 +81,19 @@ def launcher(environ: dict[str, str] | None = None) -> str | None:
     return None
 
 
+def launch_rank(devices: int = 1, environ: dict[str, str] | None = None) -> int:
+    """This process's global rank as its launcher set it, 0 outside a distributed launch: torchrun's
+    RANK, SLURM's SLURM_PROCID, else NODE_RANK × devices + LOCAL_RANK (Lightning's own launcher,
+    which sets LOCAL_RANK in the processes it starts; a node started by hand has NODE_RANK only).
+    Lightning learns the rank when a Trainer sets up; code that runs before that (a resumed run's
+    first messages, the run folder) asks here."""
+    env = os.environ if environ is None else environ
+    for variable in ("RANK", "SLURM_PROCID"):
+        if variable in env:
+            return int(env[variable])
+    return int(env.get("NODE_RANK", "0")) * devices + int(env.get("LOCAL_RANK", "0"))
+
+
 def check_placement(phase_config: Any, section: str, environ: dict[str, str] | None = None) -> None:
     """Refuse, naming the field, a placement this machine or this launch cannot give."""
     p = Placement.of(phase_config)

@@ -25,7 +25,8 @@ as `prev.ckpt` for a newest one that cannot be read: cl_platform.checkpoint) hol
 its fast weights, the optimiser state, the strategy state, the data position (experience, segments
 done, whether the experience has started), the run step and the results and curves so far. It is
 written every `cl.checkpoint_every` steps and after every row. A run killed at any moment
-continues from it (`run(resume_from=...)`) and produces the same matrix as an uninterrupted run:
+continues from it (`run(resume_from=...)`) and produces the same matrix as an uninterrupted run
+(SIGTERM, a scheduler's preemption, first writes one at the step in progress: cl_platform/preemption.py):
 randomness is reseeded from (seed, step) at every batch, so nothing depends on when the process
 started. The checkpoint also holds the wall seconds spent in each phase (row 0, each experience's
 training and its row), so the timings in run.json add up over restarts.
@@ -61,15 +62,17 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cl_platform.atomic import WriteError, atomic_write_json
 from cl_platform.callbacks import RunCallback, TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import load_latest, save_checkpoint
 from cl_platform.config import RunConfig
-from cl_platform.device import HOST, Placement
+from cl_platform.device import HOST, Placement, launch_rank
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
 from cl_platform.memory_policy import get_memory_policy
 from cl_platform.model import FwPKMLM
+from cl_platform.preemption import RunPreempted, SigtermWatch
 from cl_platform.provenance import PhaseClock
 from cl_platform.results import ResultsMatrix, RunResults, package_versions, perplexity
 from cl_platform.run_dir import CHECKPOINT, RunDirError, update_run_json
@@ -125,6 +128,12 @@ class ContinualRunner:
             versions=package_versions(),
         )
         self.saved_step: int | None = None
+        self.sigterm = SigtermWatch()  # installed while run() runs (cl_platform/preemption.py)
+        placement = Placement.of(config.cl)
+        if placement.world_size > 1:
+            # Lightning sets the rank when the first Trainer sets up; a node started by hand
+            # (NODE_RANK only) would act as rank 0 until then (a resume's messages, its logger).
+            rank_zero_only.rank = launch_rank(placement.devices)
         self.saved_path = self.ckpt_path
         # Wall seconds per phase ("row0_eval", "exp<t>_train", "exp<t>_eval"), in the checkpoint
         # so that they add up over restarts; written to run.json after every row.
@@ -155,7 +164,10 @@ class ContinualRunner:
         if on_restored is not None:
             on_restored()
         try:
-            self._run()
+            with self.sigterm:
+                self._run()
+        except SIGTERMException:  # Lightning's loops stop after the batch in progress
+            raise self._preempted() from None
         except WriteError as err:
             last = (f"{self.saved_path} (step {self.saved_step}), intact" if self.saved_step is not None
                     else "none was written")
@@ -171,6 +183,7 @@ class ContinualRunner:
             self.curve_point()
             self.save()
             self._write_timings()
+            self._stop_if_preempted()
         for t in range(matrix.last_complete_row + 1, matrix.num_experiences + 1):
             self.clock.start(f"exp{t}_train")
             exp = self.stream[t - 1]
@@ -188,6 +201,7 @@ class ContinualRunner:
             self.position.end_experience()
             self.save()
             self._write_timings()
+            self._stop_if_preempted()
         self.clock.stop()
         self._write_timings()
         for cb in self._run_callbacks():
@@ -202,8 +216,17 @@ class ContinualRunner:
         cl = self.config.cl
         if step % cl.curve_every == 0:
             self.curve_point()
-        if step % cl.checkpoint_every == 0:
-            self.save()
+        if step % cl.checkpoint_every == 0 or self.sigterm.received:
+            self.save()  # on SIGTERM, before Lightning stops the fit: the resume starts at this step
+
+    def _preempted(self) -> RunPreempted:
+        last = f"{self.saved_path} (step {self.saved_step})" if self.saved_step is not None else "none was written"
+        return RunPreempted(f"stopped by SIGTERM; last checkpoint: {last}. Continue with --resume")
+
+    def _stop_if_preempted(self) -> None:
+        """Between Lightning's fits only this module's handler hears SIGTERM: stop at a checkpoint."""
+        if self.sigterm.received:
+            raise self._preempted()
 
     def _run_callbacks(self) -> list[RunCallback]:
         # Reports (printed lines, images, hparams) come from one process; every rank has the same results.

@@ -23,7 +23,8 @@ file itself. `--seeds 0,1,2` is sugar for `seeds=[0,1,2]` (`--base-seeds` for a 
 One error boundary (`main`): every error a user can fix — a missing file, bad YAML, an unknown
 key, a bad value, a run folder in use or of another config, a full disk, a run stopped on a
 non-finite loss — is one line `clp CMD: error: ...` naming the file or field, exit 2, no
-traceback.
+traceback. A run stopped by SIGTERM (preemption) writes its checkpoint first, prints one line
+naming it and exits 143, like a process SIGTERM ended: `--resume` continues from that step.
 
 The CLI lives in `experiments/` because it is the composition root: it wires `streams`,
 `strategies` and `analysis` to `cl_platform`, which must not import them (see docs/architecture.md).
@@ -237,8 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cmd = args.command_row
     del args.command_row
+    from cl_platform.preemption import EXIT_CODE, RunPreempted
+
     try:
         return dispatch(cmd, args)
+    except RunPreempted as err:  # not an error: the scheduler's requeue runs the same command with --resume
+        print(f"clp {cmd.name}: {err}", file=sys.stderr)
+        return EXIT_CODE
     except user_errors() as err:
         print(f"clp {cmd.name}: error: {describe_error(err)}", file=sys.stderr)
         return 2

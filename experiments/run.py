@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -29,9 +28,12 @@ from experiments.setup import Setup, base_key, build_model, load_setup, make_str
 
 
 def is_child_rank() -> bool:
-    """True in the extra processes of a DDP run: Lightning starts them by re-running this command
-    with LOCAL_RANK / NODE_RANK set; rank 0 decides about the run folder and prints."""
-    return int(os.environ.get("LOCAL_RANK", "0")) > 0 or int(os.environ.get("NODE_RANK", "0")) > 0
+    """True in the processes of a DDP run other than global rank 0: the ones Lightning starts by
+    re-running this command (LOCAL_RANK), the other nodes' (NODE_RANK, torchrun's RANK, SLURM's
+    SLURM_PROCID: cl_platform.device.launch_rank); rank 0 decides about the run folder and prints."""
+    from cl_platform.device import launch_rank
+
+    return launch_rank() > 0
 
 
 def resolved_yaml(setup: Setup, run_hash: str, name: str) -> str:

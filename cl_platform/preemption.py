@@ -1,0 +1,57 @@
+"""A run stopped by SIGTERM (a scheduler's preemption or time limit) saves where it is and says so.
+
+    with SigtermWatch() as watch:          # for the whole run, fits and evaluations alike
+        ...                                # after each step: if watch.received: save, then stop
+    raise RunPreempted("... continue with --resume")
+
+SLURM, Kubernetes and torchrun stop a job with SIGTERM and a grace period before SIGKILL. Without
+a handler the process dies at once and a resume repeats the steps since the last periodic
+checkpoint; with one, the runner finishes the step in progress, writes its checkpoint and exits,
+and `--resume` continues from that very step (bit for bit on CPU, like any resume).
+
+Lightning registers its own SIGTERM handler for the length of every fit and evaluation and keeps
+an earlier one beside it (`_SignalConnector`: "we have our own handler, but include existing ones
+too"); its loops then raise `SIGTERMException` after the batch in progress, on every rank (it
+broadcasts rank 0's flag). The runner saves in its after-batch hook, before Lightning raises, and
+turns the exception into `RunPreempted`. Outside Lightning's loops (strategy hooks between
+experiences) this module's own handler sets the flag, and the runner stops at its next checkpoint.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from cl_platform.trainer import RunStopped
+
+EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
+
+
+class RunPreempted(RunStopped):
+    """The run received SIGTERM and stopped after writing its checkpoint; the message names it."""
+
+
+class SigtermWatch:
+    """Records SIGTERM instead of dying of it, while the `with` block runs (main thread only:
+    Python delivers signals there; elsewhere, e.g. a sweep's worker thread, it does nothing)."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: Any = None
+        self._installed = False
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True
+
+    def __enter__(self) -> "SigtermWatch":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handler)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._installed = False

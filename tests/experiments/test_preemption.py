@@ -1,0 +1,73 @@
+"""A run stopped by SIGTERM (a scheduler's preemption) writes its checkpoint at the step in
+progress, exits 143 with one line naming it, and `--resume` gives what an uninterrupted run gives,
+bit for bit.
+
+The periodic checkpoint is set beyond the run's length, so the only checkpoint at a step after
+row 0 is the one SIGTERM writes: a handler that did not save (or saved the wrong step) fails the
+step assertions, and one that lost or repeated work fails the equality with the whole run."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cl_platform.preemption import EXIT_CODE
+from cl_platform.results import RunResults
+from test_ddp_resume import SCRIPT, last_curve_step  # the slow-strategy CLI script and its progress probe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(script: Path, args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_in_progress_and_resume_equals_the_whole_run(tiny, tmp_path):
+    from experiments.base import ensure_base
+    from experiments.setup import load_setup
+
+    overrides = dict(strategy={"name": "slow"}, cl={"curve_every": 1, "checkpoint_every": 1000})
+    ensure_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
+    script = tmp_path / "slow_cli.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    whole = start(script, ["run", str(tiny.config(tmp_path / "whole.yaml", name="term-whole", **overrides))])
+    preempted = start(script, ["run", str(tiny.config(tmp_path / "term.yaml", name="term-cut", **overrides))])
+    deadline = time.time() + 300  # a polling limit, not a measurement
+    while last_curve_step(next(iter(tiny.runs.glob("term-cut-*")), None)) < 3:
+        assert preempted.poll() is None, preempted.communicate()
+        assert time.time() < deadline, "the run never reached step 3"
+        time.sleep(0.01)
+    preempted.send_signal(signal.SIGTERM)
+    out, err = preempted.communicate(timeout=300)
+    assert preempted.returncode == EXIT_CODE == 143, (out[-2000:], err[-3000:])
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("clp run: stopped by SIGTERM; last checkpoint:") and "--resume" in line, err[-3000:]
+    folder = next(tiny.runs.glob("term-cut-*"))
+    saved_step = int(re.search(r"\(step (\d+)\)", line).group(1))
+    checkpoint = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
+    # The checkpoint is the one SIGTERM wrote: at the step the run stopped, past every curve point
+    # it had recorded when the signal came, and not row 0's (step 0, the only periodic one).
+    assert checkpoint["position"]["step"] == saved_step >= 3
+    assert last_curve_step(folder) == saved_step
+    assert not RunResults.from_json(folder / "results.json").matrix.is_complete
+
+    out, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err[-3000:]
+    resumed = start(script, ["run", str(tmp_path / "term.yaml"), "--resume"])
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"(step {saved_step})" in out
+    a = RunResults.from_json(next(tiny.runs.glob("term-whole-*")) / "results.json")
+    b = RunResults.from_json(folder / "results.json")
+    assert b.matrix.is_complete
+    assert np.array_equal(a.matrix.values, b.matrix.values)
+    assert a.curves == b.curves and a.doc_losses == b.doc_losses and a.row_steps == b.row_steps
