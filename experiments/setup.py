@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from cl_platform.check import ConfigError
+from cl_platform.check import ConfigError, check_writable
 from cl_platform.checkpoint import model_config_dict
 from cl_platform.config import FINETUNE_ONLY, CLConfig, PretrainConfig, RunConfig, config_hash, load_config
 from cl_platform.device import check_placement
@@ -59,11 +59,13 @@ def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
 
     path = Path(config_path)
     cfg = load_config(path, overrides)
-    # Where the phases run, before any data is built or read: a GPU this machine lacks, or a
-    # multi-node launch without its launcher, is named here, with nothing written.
+    # Where the phases run and write, before any data is built or read: a GPU this machine lacks,
+    # a multi-node launch without its launcher, a runs root that takes no files: named here,
+    # with nothing written.
     try:
         check_placement(cfg.pretrain, "pretrain")
         check_placement(cfg.cl, "cl")
+        check_writable(cfg.runs_root, "runs_root")  # several nodes or sweep workers: a shared mount
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     try:

@@ -17,12 +17,15 @@ config's one cached base model (space entries that would change the base, `model
 computed from `analysis.metrics.summary` (its metrics: `analysis.metrics.METRICS`); the trial records its
 run folder, overrides and every summary metric as user attributes.
 
-Concurrency: every worker (this process, `--workers` extras, or `clp sweep` started by hand on
-another machine against the same storage) counts COMPLETE + PRUNED + RUNNING + WAITING trials and
-asks for a new one only below the target, under a file lock in the sweep folder, so workers on
-this machine never overshoot (workers on machines that do not share the folder can overshoot by
-at most one trial each). Queued (WAITING) trials, retries or `study.enqueue_trial`, count
-towards the target and are always run. With heartbeats on (RDB storage), a worker killed mid-trial leaves a
+Concurrency, through the study's storage only (no lock file: workers on other machines share
+nothing but the database and, for the trials' run folders, `runs_root`): a worker asks for a
+trial while COMPLETE + PRUNED + RUNNING + WAITING trials are below the target. The storage numbers
+trials atomically, so two workers that asked at once hold different numbers; trial n runs only if
+fewer than the target live trials have a lower number, otherwise it is marked a surplus trial
+(state FAIL, user attribute `surplus`, no parameters, never run, left out of trials.csv) and the
+worker stops. Whatever the interleaving, the trials that run are exactly the target. Queued
+(WAITING) trials, retries or `study.enqueue_trial`, are always run (the storage hands each to one
+worker: Optuna pops it with a conditional state update). With heartbeats on (RDB storage), a worker killed mid-trial leaves a
 RUNNING trial whose heartbeat stops; after `grace_period` seconds the next worker fails it and
 queues a retry (`RetryHeartbeatStaleTrialCallback`) that continues the same run folder from its
 last checkpoint. A trial interrupted by Ctrl-C is queued for a retry the same way. A run that
@@ -45,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from cl_platform.check import ConfigError
-from cl_platform.file_lock import FileLock, FolderBusy
+from cl_platform.file_lock import FolderBusy
 from experiments.multi.sweep_config import Sweep, check_runs, check_storage, check_study, load, storage_url, \
     sweep_dir
 
@@ -72,11 +75,31 @@ def folder_number(trial: Any) -> int:
     return trial.system_attrs.get("failed_trial", trial.number)
 
 
-def counted(study: Any) -> int:
+def live_trials(study: Any) -> list:
+    """The trials that count towards the target: done (COMPLETE, PRUNED), running, or queued."""
     from optuna.trial import TrialState
 
     live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-    return len(study.get_trials(deepcopy=False, states=live))
+    return study.get_trials(deepcopy=False, states=live)
+
+
+def counted(study: Any) -> int:
+    return len(live_trials(study))
+
+
+class Surplus(Exception):
+    """The trial was created after the target was reached (another worker asked at the same time)."""
+
+
+def claims_a_place(study: Any, number: int, target: int) -> bool:
+    """Whether trial `number` (just created or popped from the queue, RUNNING) is one of the
+    target's: a queued trial (retry or enqueued: `fixed_params`) always is; a new one if fewer
+    than `target` live trials have a lower number. Trials are numbered by the storage, so every
+    worker reaches the same verdict on every trial."""
+    trial = study.get_trials(deepcopy=False)[number]
+    if "fixed_params" in trial.system_attrs:
+        return True
+    return sum(t.number < number for t in live_trials(study)) < target
 
 
 def make_sampler(sweep: Sweep, worker: int, existing: int) -> Any:
@@ -94,8 +117,8 @@ class TrialObjective:
     """One trial: sampled values → overrides → an ordinary run in <sweep dir>/trials/<n> → summary
     metrics → objective value(s)."""
 
-    def __init__(self, sweep: Sweep, out: Path, lock: FileLock, say: Callable[[str], None]):
-        self.sweep, self.out, self.lock, self.say = sweep, out, lock, say
+    def __init__(self, sweep: Sweep, out: Path, say: Callable[[str], None]):
+        self.sweep, self.out, self.say = sweep, out, say
         self.number: int | None = None
 
     def __call__(self, trial: Any) -> float | tuple[float, ...]:
@@ -105,8 +128,11 @@ class TrialObjective:
         from experiments.run import execute
         from experiments.multi.sweep_pruning import CurvePruning
 
-        self.lock.release()  # the trial exists now: other workers may count it and ask for theirs
         self.number = trial.number
+        if not claims_a_place(trial.study, trial.number, self.sweep.trials):
+            trial.set_user_attr("surplus", True)
+            raise Surplus(f"trial {trial.number} not run: the study reached its {self.sweep.trials} trials "
+                          f"while this worker asked for one")
         params = {path: spec.suggest(trial, path) for path, spec in self.sweep.space.items()}
         folder = self.out / "trials" / str(folder_number(trial.study.get_trials(deepcopy=False)[trial.number]))
         trial.set_user_attr("run_folder", str(folder))
@@ -157,30 +183,27 @@ def optimize(sweep: Sweep, study: Any, out: Path, say: Callable[[str], None]) ->
 
     from cl_platform.trainer import RunStopped
 
-    # Held from counting trials to asking for one; released by whichever comes first, the
-    # objective starting or the attempt ending.
-    lock = FileLock(out / "study.lock", f"sweep {out}", wait=True)
-    objective = TrialObjective(sweep, out, lock, say)
+    objective = TrialObjective(sweep, out, say)
     failures = 0
     while True:
-        lock.acquire()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # dead workers' trials → FAIL + queued retry
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if counted(study) >= sweep.trials and not waiting:  # queued trials (retries) are run regardless
+            return
+        objective.number = None
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                optuna.storages.fail_stale_trials(study)  # dead workers' trials → FAIL + queued retry
-            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-            if counted(study) >= sweep.trials and not waiting:  # queued trials (retries) are run regardless
-                return
-            objective.number = None
-            try:
-                study.optimize(objective, n_trials=1, catch=(RunStopped, FolderBusy))
-            except KeyboardInterrupt:
-                _queue_retry(sweep, study, objective.number)
-                raise
-        finally:
-            lock.release()
+            study.optimize(objective, n_trials=1, catch=(RunStopped, FolderBusy, Surplus))
+        except KeyboardInterrupt:
+            _queue_retry(sweep, study, objective.number)
+            raise
         number = objective.number
-        state = study.get_trials(deepcopy=False)[number].state if number is not None else TrialState.FAIL
+        trial = study.get_trials(deepcopy=False)[number] if number is not None else None
+        if trial is not None and trial.user_attrs.get("surplus"):
+            say(f"--- trial {number}: not run (surplus: the study reached its {sweep.trials} trials meanwhile)")
+            continue  # the loop's count now says the target is reached, unless a trial failed meanwhile
+        state = trial.state if trial is not None else TrialState.FAIL
         failures = failures + 1 if state == TrialState.FAIL else 0
         if failures >= MAX_FAILURES:
             raise SweepError(f"{failures} trials in a row failed (last: trial {number}); see the output above")

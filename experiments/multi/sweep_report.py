@@ -33,10 +33,14 @@ from cl_platform.atomic import atomic_write_json, atomic_write_text
 def write_reports(sweep: Any, study: Any, out: Path, say: Callable[[str], None] = print) -> None:
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    everything = study.get_trials(deepcopy=False)
+    # Surplus trials were never run (experiments/multi/sweep.py: claims_a_place): not in the tables.
+    trials = [t for t in everything if not t.user_attrs.get("surplus")]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     states = {s.name: sum(t.state == s for t in trials) for s in TrialState}
-    say(f"sweep {sweep.name}: " + ", ".join(f"{n} {s.lower()}" for s, n in states.items() if n))
+    surplus = len(everything) - len(trials)
+    say(f"sweep {sweep.name}: " + ", ".join(f"{n} {s.lower()}" for s, n in states.items() if n)
+        + (f" ({surplus} surplus trial(s) created by racing workers, not run)" if surplus else ""))
     atomic_write_text(out / "trials.csv", trials_csv(sweep, trials))
     if complete and not sweep.objective.is_multi:
         best = study.best_trial

@@ -105,6 +105,16 @@ def test_several_nodes_without_a_launcher_are_refused_before_any_work(tiny, tmp_
                     {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "1"})
 
 
+def test_a_runs_root_that_cannot_take_files_is_refused_before_any_work(tiny, tmp_path, capsys):
+    blocker = tmp_path / "share"
+    blocker.write_text("a file where the shared runs folder should be mounted")
+    path = tiny.config(tmp_path / "root.yaml", runs_root=str(blocker / "runs"))
+    assert cli_main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "'runs_root'" in err and "is a file" in err
+    assert blocker.read_text().startswith("a file")
+
+
 def test_base_checkpoint_of_another_model_is_refused(tiny, tiny_base, tmp_path):
     path = tiny.config(tmp_path / "other.yaml", runs_root=str(tmp_path / "runs"), base_checkpoint=str(tiny_base.path),
                        model={"d_model": 32})
