@@ -12,6 +12,7 @@
     clp report PATH... [--out DIR]                       HTML + Markdown report of run, comparison or sweep folders
     clp tokenizer build [--out PATH]                     retrain the shipped byte-level BPE on the shipped corpora
     clp bench layer|step [--quick]                       benchmark tables (BENCHMARKS.md)
+    clp bench device [--dry-run]                         the prepared GPU check, one table
     clp run|pretrain CONFIG --reuse-stale-base           use a base built by other code instead of rebuilding it
 
 Every command that reads a config file takes `CONFIG [key=value ...]`: `key` is a dotted field
@@ -150,6 +151,8 @@ COMMANDS = (
             args=(QUICK, THREADS, arg("--variants", action="store_true",
                                       help="the baseline family: attention only, + PKM, + FwPKM, + both"),
                   arg("--seq-len", type=positive_int, default=512, help="tokens per sequence (B = 8)"))),
+    Command("bench device", "experiments.studies.bench_device:main", "the prepared GPU check: one table (issue 23)",
+            args=(arg("--dry-run", action="store_true", help="the same code on the CPU at toy sizes"),)),
 )
 
 VERBS = {"bench": "benchmarks", "data": "domain data", "tokenizer": "tokenizer"}
