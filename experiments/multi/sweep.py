@@ -28,7 +28,8 @@ worker stops. Whatever the interleaving, the trials that run are exactly the tar
 worker: Optuna pops it with a conditional state update). With heartbeats on (RDB storage), a worker killed mid-trial leaves a
 RUNNING trial whose heartbeat stops; after `grace_period` seconds the next worker fails it and
 queues a retry (`RetryHeartbeatStaleTrialCallback`) that continues the same run folder from its
-last checkpoint. A trial interrupted by Ctrl-C is queued for a retry the same way. A run that
+last checkpoint. A trial interrupted by Ctrl-C, or by SIGTERM (its run saves the step in progress;
+the worker exits 143), is queued for a retry the same way. A run that
 stops on a non-finite loss (`RunStopped`, e.g. a learning rate that diverges) or whose folder another
 live process runs (`FolderBusy`: a retry of a trial whose worker is slow, not dead) is a FAIL trial, not
 counted; `MAX_FAILURES` failed trials in a row stop the worker.
@@ -120,15 +121,18 @@ class TrialObjective:
     def __init__(self, sweep: Sweep, out: Path, say: Callable[[str], None]):
         self.sweep, self.out, self.say = sweep, out, say
         self.number: int | None = None
+        self.preempted = False
 
     def __call__(self, trial: Any) -> float | tuple[float, ...]:
         import optuna
 
         from analysis.metrics import METRICS, summary
         from experiments.run import execute
+        from cl_platform.preemption import RunPreempted
         from experiments.multi.sweep_pruning import CurvePruning
 
         self.number = trial.number
+        self.preempted = False
         if not claims_a_place(trial.study, trial.number, self.sweep.trials):
             trial.set_user_attr("surplus", True)
             raise Surplus(f"trial {trial.number} not run: the study reached its {self.sweep.trials} trials "
@@ -145,6 +149,9 @@ class TrialObjective:
                                     say=lambda line: self.say(f"[trial {trial.number}] {line}"), callbacks=callbacks)
         except optuna.TrialPruned as err:
             self.say(f"--- trial {trial.number}: {err}; its run folder stays resumable")
+            raise
+        except RunPreempted:
+            self.preempted = True  # the worker stops after Optuna has recorded the trial
             raise
         metrics = {k: v for k, v in summary(results).items() if k in METRICS}
         trial.set_user_attr("metrics", {k: (v if math.isfinite(v) else None) for k, v in metrics.items()})
@@ -181,6 +188,7 @@ def optimize(sweep: Sweep, study: Any, out: Path, say: Callable[[str], None]) ->
     import optuna
     from optuna.trial import TrialState
 
+    from cl_platform.preemption import RunPreempted
     from cl_platform.trainer import RunStopped
 
     objective = TrialObjective(sweep, out, say)
@@ -199,6 +207,12 @@ def optimize(sweep: Sweep, study: Any, out: Path, say: Callable[[str], None]) ->
             _queue_retry(sweep, study, objective.number)
             raise
         number = objective.number
+        if objective.preempted:
+            # SIGTERM: the trial's run wrote its checkpoint; queued again (as a killed worker's
+            # would be after its grace period), the next worker continues that run folder.
+            _queue_retry(sweep, study, number)
+            raise RunPreempted(f"sweep {sweep.name!r} stopped by SIGTERM during trial {number}, which is queued "
+                               f"again: the same clp sweep command continues it from its checkpoint")
         trial = study.get_trials(deepcopy=False)[number] if number is not None else None
         if trial is not None and trial.user_attrs.get("surplus"):
             say(f"--- trial {number}: not run (surplus: the study reached its {sweep.trials} trials meanwhile)")

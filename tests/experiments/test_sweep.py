@@ -295,6 +295,45 @@ def test_a_killed_workers_trial_is_retried_in_its_run_folder(tiny, tiny_base, tm
     assert retry.value == objective(results)
 
 
+TERMINATED = """
+import os, signal, sys
+import experiments.run as run
+from cl_platform.callbacks import RunCallback
+
+class TermAt(RunCallback):  # the scheduler stops the worker (SIGTERM) at run step 4 of trial 0
+    def on_curve_point(self, runner, step):
+        if step == 4 and runner.run_dir.name == "0":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+real = run.execute
+run.execute = lambda *a, callbacks=None, **k: real(*a, callbacks=[*(callbacks or []), TermAt()], **k)
+from experiments.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_preempted_worker_queues_its_trial_which_continues_from_the_sigterm_step(tiny, tiny_base, tmp_path):
+    path = write(tiny, tmp_path, "preempted", trials=2)
+    stopped = tiny.run_cli(["sweep", str(path)], script=TERMINATED, check=False)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM during trial 0" in stopped.stderr.strip().splitlines()[-1]
+    study = study_of(path)
+    # No waiting for a grace period: the trial is failed and queued again at once.
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]
+    again = tiny.run_cli(["sweep", str(path)])
+    study = study_of(path)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    retry = study.trials[1]
+    assert retry.system_attrs["failed_trial"] == 0 and retry.params == study.trials[0].params
+    folder = sc.sweep_dir(sc.load(path)) / "trials" / "0"
+    assert "(step 4)" in again.stdout  # resumed from the checkpoint SIGTERM wrote, not from row 0's
+    fresh = tmp_path / "fresh"
+    _, results, _ = execute(sc.load(path).run, retry.user_attrs["overrides"], run_dir=fresh, progress_bar=False, say=quiet)
+    assert results.matrix == RunResults.from_json(folder / "results.json").matrix
+    assert retry.value == objective(results)
+
+
 def test_the_shipped_sweep_loads():
     from pathlib import Path
 
