@@ -207,8 +207,8 @@ def check_pretrain_settings(path: Path, record: dict, setup: Setup) -> None:
     """The run's `pretrain` section must describe the given base: it is what run.json, the run's
     identity and `--base-seeds` (which sets `pretrain.seed`) read as the base's settings. So a base
     of another seed or schedule is refused, naming the fields, instead of standing in silently for
-    the one the config names. Reporting fields (log_every, ...) do not change a base and are not
-    compared; a record without settings (a base made by other tools) is not checked."""
+    the one the config names. Reporting fields (log_every, ...) and where it ran (accelerator) do
+    not change a base and are not compared; a record without settings (a base made by other tools) is not checked."""
     import dataclasses
 
     from cl_platform.config import PretrainConfig
@@ -218,7 +218,8 @@ def check_pretrain_settings(path: Path, record: dict, setup: Setup) -> None:
         return
     ours = dataclasses.asdict(setup.config.pretrain)
     differ = [f"pretrain.{k} is {json_text(theirs.get(k))} in the checkpoint, {json_text(v)} in this run"
-              for k, v in ours.items() if k not in PretrainConfig.REPORTING and k in theirs and theirs[k] != v]
+              for k, v in ours.items()
+              if k not in PretrainConfig.REPORTING + PretrainConfig.PLACEMENT and k in theirs and theirs[k] != v]
     if differ:
         raise CheckpointError(f"checkpoint {path} was pretrained with other settings than this run's pretrain "
                               f"section: {'; '.join(differ)}. Point base_checkpoint at the base of these settings "
