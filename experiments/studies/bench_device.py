@@ -124,7 +124,6 @@ def step_times(device: torch.device, preset: str, batch: int, seq: int, reps: in
     from cl_platform.memory.fwpkm import WriteRule
     from cl_platform.model import FwPKMLM, ModelConfig
     from cl_platform.optim import MixedAdamW
-    from experiments.studies.bench_step import _train_step
 
     precision = "bf16-mixed" if device.type == "cuda" else "32-true"
     vocab = 4096
@@ -144,6 +143,18 @@ def step_times(device: torch.device, preset: str, batch: int, seq: int, reps: in
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out
+
+
+def _train_step(m, opt, x, y) -> None:
+    """One training step as LMModule takes it (forward through the writes, backward, clipping of
+    the dense gradients, AdamW); `clp bench step` times the same sequence on the CPU."""
+    m.model.train()
+    with m.autocast():
+        _, loss = m.model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([q for q in m.model.parameters() if q.grad is not None and not q.grad.is_sparse], 1.0)
+    opt.step()
 
 
 def device_tests() -> str:
