@@ -76,16 +76,15 @@ def folder_number(trial: Any) -> int:
     return trial.system_attrs.get("failed_trial", trial.number)
 
 
-def live_trials(study: Any) -> list:
-    """The trials that count towards the target: done (COMPLETE, PRUNED), running, or queued."""
+def live_states() -> tuple:
+    """The states of trials that count towards the target: done (COMPLETE, PRUNED), running, queued."""
     from optuna.trial import TrialState
 
-    live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-    return study.get_trials(deepcopy=False, states=live)
+    return TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING
 
 
 def counted(study: Any) -> int:
-    return len(live_trials(study))
+    return len(study.get_trials(deepcopy=False, states=live_states()))
 
 
 class Surplus(Exception):
@@ -97,10 +96,11 @@ def claims_a_place(study: Any, number: int, target: int) -> bool:
     target's: a queued trial (retry or enqueued: `fixed_params`) always is; a new one if fewer
     than `target` live trials have a lower number. Trials are numbered by the storage, so every
     worker reaches the same verdict on every trial."""
-    trial = study.get_trials(deepcopy=False)[number]
-    if "fixed_params" in trial.system_attrs:
+    trials = study.get_trials(deepcopy=False)  # one read of the storage for the verdict
+    if "fixed_params" in trials[number].system_attrs:
         return True
-    return sum(t.number < number for t in live_trials(study)) < target
+    live = live_states()
+    return sum(t.number < number and t.state in live for t in trials) < target
 
 
 def make_sampler(sweep: Sweep, worker: int, existing: int) -> Any:

@@ -5,13 +5,9 @@ bit for bit.
 The periodic checkpoint is set beyond the run's length, so the only checkpoint at a step after
 row 0 is the one SIGTERM writes: a handler that did not save (or saved the wrong step) fails the
 step assertions, and one that lost or repeated work fails the equality with the whole run."""
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,15 +15,7 @@ import torch
 
 from cl_platform.preemption import EXIT_CODE
 from cl_platform.results import RunResults
-from test_ddp_resume import SCRIPT, last_curve_step  # the slow-strategy CLI script and its progress probe
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start(script: Path, args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+from test_ddp_resume import SCRIPT, last_curve_step, start  # the slow-strategy CLI script, its probe, its launch
 
 
 @pytest.mark.slow

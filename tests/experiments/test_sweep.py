@@ -255,21 +255,25 @@ def test_two_workers_share_one_study_without_lost_or_duplicated_trials(tiny, tin
     assert (out / "best.yaml").is_file() and "best: trial" in proc.stdout and "best: trial" not in log
 
 
-KILLER = """
+# The worker gets SIGNAL at run step 4 of trial 0: SIGKILL (it dies, no clean-up) or SIGTERM (a
+# scheduler stops it).
+SIGNAL_AT_STEP_4 = """
 import os, signal, sys
 import experiments.run as run
 from cl_platform.callbacks import RunCallback
 
-class KillAt(RunCallback):  # the worker dies (SIGKILL: no clean-up) at run step 4 of trial 0
+class SignalAt(RunCallback):
     def on_curve_point(self, runner, step):
         if step == 4 and runner.run_dir.name == "0":
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGNAL)
 
 real = run.execute
-run.execute = lambda *a, callbacks=None, **k: real(*a, callbacks=[*(callbacks or []), KillAt()], **k)
+run.execute = lambda *a, callbacks=None, **k: real(*a, callbacks=[*(callbacks or []), SignalAt()], **k)
 from experiments.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+KILLER = SIGNAL_AT_STEP_4.replace("SIGNAL", "SIGKILL")
+TERMINATED = SIGNAL_AT_STEP_4.replace("SIGNAL", "SIGTERM")
 
 
 @pytest.mark.slow
@@ -293,23 +297,6 @@ def test_a_killed_workers_trial_is_retried_in_its_run_folder(tiny, tiny_base, tm
     _, results, _ = execute(sc.load(path).run, retry.user_attrs["overrides"], run_dir=fresh, progress_bar=False, say=quiet)
     assert results.matrix == RunResults.from_json(folder / "results.json").matrix
     assert retry.value == objective(results)
-
-
-TERMINATED = """
-import os, signal, sys
-import experiments.run as run
-from cl_platform.callbacks import RunCallback
-
-class TermAt(RunCallback):  # the scheduler stops the worker (SIGTERM) at run step 4 of trial 0
-    def on_curve_point(self, runner, step):
-        if step == 4 and runner.run_dir.name == "0":
-            os.kill(os.getpid(), signal.SIGTERM)
-
-real = run.execute
-run.execute = lambda *a, callbacks=None, **k: real(*a, callbacks=[*(callbacks or []), TermAt()], **k)
-from experiments.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 @pytest.mark.slow
