@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -83,6 +84,10 @@ class RunCallback(L.Callback):
         domain) and written to results.json. Called inside the training loop when the point is
         due after a batch, so an exception raised here stops the run there (Optuna pruning:
         experiments/multi/sweep_pruning.py); the run's checkpoint stays resumable."""
+
+    def on_checkpoint(self, runner: "ContinualRunner", path: Path) -> None:
+        """The resumable checkpoint `path` has just been written, complete, at run step
+        `runner.position.step` (a sweep uploads it: experiments/multi/sweep_artifacts.py)."""
 
     def on_run_end(self, runner: "ContinualRunner") -> None:
         """Every row is measured and results.json is final."""

@@ -51,7 +51,7 @@ def check(ok: bool, owner: Any, field: str, why: str) -> None:
         raise ConfigError(f"{name}.{field}={value!r}: {why}", field=field, value=value, why=why, owner=name)
 
 
-def check_writable(folder: str | Path, field: str) -> None:
+def check_writable(folder: str | Path, field: str, owner: str = "run config") -> None:
     """`folder` exists and takes new files, or can be made (its nearest existing parent does): a
     runs root on a read-only or unmounted share is named before an hour of pretraining, not after.
     Probed by creating and removing a file, which permission bits alone do not tell (root, a
@@ -63,12 +63,12 @@ def check_writable(folder: str | Path, field: str) -> None:
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(f"run config field '{field}': {folder} cannot be a folder: {parent} is a file", field=field)
+        raise ConfigError(f"{owner} field '{field}': {folder} cannot be a folder: {parent} is a file", field=field)
     try:
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as err:
-        raise ConfigError(f"run config field '{field}': {folder} is not writable here "
+        raise ConfigError(f"{owner} field '{field}': {folder} is not writable here "
                           f"({err.strerror or type(err).__name__}: {parent})", field=field) from None
 
 

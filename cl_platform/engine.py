@@ -371,6 +371,8 @@ class ContinualRunner:
                 "seconds": self.clock.state_dict(),
             }, keep_previous=True)
         self.saved_step, self.saved_path = self.position.step, self.ckpt_path
+        for cb in self._run_callbacks():
+            cb.on_checkpoint(self, self.ckpt_path)
 
     def _restore(self, path: str | os.PathLike[str]) -> None:
         data, used = load_latest(path, "run", self.module.model.config, say=self.say if self.is_rank_zero else lambda _: None)

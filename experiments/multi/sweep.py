@@ -28,7 +28,8 @@ worker stops. Whatever the interleaving, the trials that run are exactly the tar
 worker: Optuna pops it with a conditional state update). With heartbeats on (RDB storage), a worker killed mid-trial leaves a
 RUNNING trial whose heartbeat stops; after `grace_period` seconds the next worker fails it and
 queues a retry (`RetryHeartbeatStaleTrialCallback`) that continues the same run folder from its
-last checkpoint. A trial interrupted by Ctrl-C, or by SIGTERM (its run saves the step in progress;
+last checkpoint — on another machine too when the sweep names an `artifacts` folder every worker
+mounts (each checkpoint is uploaded there: experiments/multi/sweep_artifacts.py). A trial interrupted by Ctrl-C, or by SIGTERM (its run saves the step in progress;
 the worker exits 143), is queued for a retry the same way. A run that
 stops on a non-finite loss (`RunStopped`, e.g. a learning rate that diverges) or whose folder another
 live process runs (`FolderBusy`: a retry of a trial whose worker is slow, not dead) is a FAIL trial, not
@@ -120,6 +121,11 @@ class TrialObjective:
 
     def __init__(self, sweep: Sweep, out: Path, say: Callable[[str], None]):
         self.sweep, self.out, self.say = sweep, out, say
+        self.store = None
+        if sweep.artifacts is not None:
+            from experiments.multi.sweep_artifacts import make_store
+
+            self.store = make_store(sweep.artifacts)
         self.number: int | None = None
         self.preempted = False
 
@@ -142,6 +148,11 @@ class TrialObjective:
         trial.set_user_attr("run_folder", str(folder))
         trial.set_user_attr("overrides", self.sweep.trial_overrides(params))
         callbacks = [CurvePruning(trial, self.sweep.objective.direction)] if self.sweep.prunes else []
+        if self.store is not None:
+            from experiments.multi.sweep_artifacts import TrialCheckpoints, restore
+
+            restore(self.store, trial.study, folder, lambda line: self.say(f"[trial {trial.number}] {line}"))
+            callbacks.append(TrialCheckpoints(self.store, trial.study, trial, folder))
         again = "" if folder.name == str(trial.number) else f" (retry, continuing trial {folder.name}'s run)"
         self.say(f"--- trial {trial.number}{again}: {' '.join(self.sweep.trial_overrides(params))}")
         try:
@@ -275,6 +286,10 @@ def run(path: str | Path, trials: int | None = None, workers: int = 1, storage: 
     field_ = "--storage" if storage is not None else "storage"
     if sweep.storage is not None:
         check_storage(url, field_, where)
+    if sweep.artifacts is not None:
+        from cl_platform.check import check_writable
+
+        check_writable(sweep.artifacts, "artifacts", where)
     store = make_storage(sweep, url) if sweep.storage is not None or (out / "study.db").is_file() else None
     if store is not None:
         check_study(sweep, store, where)

@@ -202,6 +202,10 @@ class Sweep:
     startup_trials: int = 4  # TPE: random trials before it models the space
     seed: int = 0
     storage: str | None = None  # SQLAlchemy URL; null = sqlite study.db in the sweep folder
+    # A folder every worker mounts (Optuna's FileSystemArtifactStore; relative to the sweep file):
+    # each trial's checkpoints are uploaded there, so a retry on another machine continues them
+    # (experiments/multi/sweep_artifacts.py). null: checkpoints stay in the local trial folder.
+    artifacts: str | None = None
     pruner: Pruner | None = None  # null: median for one objective, none for several
     # Dotted overrides every trial gets before its sampled values (`cl.mode=finetune`,
     # `strategy.name=ewc`): a sweep of one comparison entry's settings without a new run file.
@@ -220,6 +224,8 @@ class Sweep:
         check(is_int(self.seed), self, "seed", "must be an int")
         check(self.storage is None or (isinstance(self.storage, str) and bool(self.storage)), self, "storage",
               "must be an SQLAlchemy URL or null")
+        check(self.artifacts is None or (isinstance(self.artifacts, str) and bool(self.artifacts)), self,
+              "artifacts", "must be a folder path or null")
         check(bool(self.space), self, "space", "must map at least one dotted run-config path to a distribution")
         for name in ("heartbeat_interval", "grace_period"):
             check(is_int(getattr(self, name), 1), self, name, "must be a positive int (seconds)")
@@ -289,6 +295,8 @@ def load(path: str | Path, trials: int | None = None, storage: str | None = None
     from experiments.studies.study import relative_to
 
     sweep.run = relative_to(path, sweep.run, "run", overrides)
+    if sweep.artifacts is not None:
+        sweep.artifacts = relative_to(path, sweep.artifacts, "artifacts", overrides)
     return sweep
 
 
