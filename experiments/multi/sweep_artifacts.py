@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,12 +56,12 @@ def _sha256(path: Path) -> str:
 
 
 def checkpoint_step(path: Path) -> int | None:
-    """The run step a checkpoint file was written at, or None if it cannot be read."""
-    import torch
+    """The run step a checkpoint file was written at, or None if it is not a readable run checkpoint."""
+    from cl_platform.checkpoint import CheckpointError, load_checkpoint
 
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=False)["position"]["step"])
-    except Exception:  # unreadable or not a run checkpoint: not a candidate
+        return int(load_checkpoint(path, "run")["position"]["step"])
+    except CheckpointError:  # not a candidate: the store's copy is used
         return None
 
 
@@ -87,10 +86,8 @@ class TrialCheckpoints(RunCallback):
             for name in MEMBERS:
                 tar.add(self.folder / name, arcname=name)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                artifact = optuna.artifacts.upload_artifact(artifact_store=self.store, file_path=str(pack),
-                                                            study_or_trial=self.trial)
+            artifact = optuna.artifacts.upload_artifact(artifact_store=self.store, file_path=str(pack),
+                                                        study_or_trial=self.trial)
             entry = {"artifact": artifact, "step": int(runner.position.step), "sha256": _sha256(pack),
                      "trial": self.trial.number}
         finally:
@@ -136,23 +133,16 @@ def restore(store: Any, study: Any, folder: Path, say: Callable[[str], None]) ->
 
 
 def _unpack(data: io.BytesIO, folder: Path) -> None:
-    """The tar's known members into `folder`, each written beside its target and renamed over it.
-    The local checkpoint it replaces is older, so it is dropped, with the `prev.ckpt` before it."""
-    import os
-
+    """The tar's known members into `folder`, each written atomically over its target. The local
+    checkpoint it replaces is older, so it is dropped, with the `prev.ckpt` before it."""
+    from cl_platform.atomic import atomic_write
     from cl_platform.checkpoint import previous_path
 
     with tarfile.open(fileobj=data, mode="r") as tar:
         for name in MEMBERS:  # only these names: a tar never writes outside the folder
-            target = folder / name
-            target.parent.mkdir(parents=True, exist_ok=True)
             member = tar.extractfile(name)
             if member is None:
                 raise ValueError(f"checkpoint artifact lacks {name}")
-            partial = target.with_name(target.name + ".partial")
-            with open(partial, "wb") as out:
-                out.write(member.read())
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(partial, target)
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(folder / name, lambda f: f.write(member.read()), binary=True)
     previous_path(folder / CHECKPOINT).unlink(missing_ok=True)
