@@ -196,6 +196,32 @@ def test_a_given_base_from_other_code_that_computes_the_same_function_is_used(ti
     assert now == recorded and len({now["read"], now["write"], now["after_write"]}) == 3
 
 
+def test_the_probe_is_float64_and_an_older_float32_probe_is_measured_as_recorded(tiny, tiny_base, tmp_path):
+    """Probes are measured in float64 (float32 writes round differently on different CPUs, by more
+    than the tolerance: base_probe's docstring); a probe.json written by older code has no `dtype`
+    and is compared in float32, the precision it was recorded in — and can still fail."""
+    from experiments.base_probe import PROBE_FILE, TOLERANCE, measure, probe_difference
+
+    recorded = json.loads((tiny_base.path.parent / PROBE_FILE).read_text())
+    assert recorded["dtype"] == "float64"
+    data = load_checkpoint(tiny_base.path, "base")
+    setup = load_setup(tiny.config(tmp_path / "run.yaml", runs_root=str(tmp_path / "runs")))
+    args = (data["model"], setup.model_config, setup.config.pretrain.fwpkm)
+    single = measure(*args, dtype=torch.float32)
+    assert single["dtype"] == "float32"
+    # The two precisions compute one function: they agree within the tolerance.
+    assert max(abs(single[k] - recorded[k]) for k in ("read", "write", "after_write")) < TOLERANCE
+    folder = tmp_path / "older"
+    folder.mkdir()
+    legacy = {k: v for k, v in single.items() if k != "dtype"}
+    (folder / PROBE_FILE).write_text(json.dumps(legacy))
+    assert probe_difference(folder, *args) == 0.0  # measured in float32, as recorded: bit for bit
+    (folder / PROBE_FILE).write_text(json.dumps({**legacy, "write": legacy["write"] + 1e-3}))
+    assert abs(probe_difference(folder, *args) - 1e-3) < 1e-5
+    (folder / PROBE_FILE).write_text(json.dumps({**legacy, "dtype": "float16"}))
+    assert probe_difference(folder, *args) is None  # a precision the probe does not know: no verdict
+
+
 def truncated(tiny_base, path):
     data = tiny_base.path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
