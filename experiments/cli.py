@@ -128,7 +128,7 @@ COMMANDS = (
             config="sweep YAML, e.g. experiments/configs/sweeps/fast_lr_chunk.yaml",
             args=(arg("--trials", type=positive_int, default=None, help="COMPLETE + PRUNED trials to reach, replacing the file's"),
                   arg("--workers", type=positive_int, default=1, help="processes optimizing the study together (this one + N-1)"),
-                  arg("--storage", default=None, help="SQLAlchemy URL, replacing the file's (default: sqlite in the sweep folder)"),
+                  arg("--storage", default=None, help="SQLAlchemy URL or journal:PATH, replacing the file's (default: sqlite in the sweep folder)"),
                   # Set on the extra processes --workers starts: they only run trials; the first reports.
                   arg("--worker-index", type=int, default=0, help=argparse.SUPPRESS))),
     Command("data stats", "streams.stats:main", "per-domain, per-split statistics of a stream config",

@@ -5,6 +5,7 @@ strategy arguments), resumable, prunable and parallel, on a real database.
     clp sweep experiments/configs/sweeps/fast_lr_chunk.yaml --trials 16     # more trials than the file says
     clp sweep experiments/configs/sweeps/fast_lr_chunk.yaml --workers 2     # this process + 1 more, one study
     clp sweep SWEEP.yaml --storage postgresql://user@host/db        # any SQLAlchemy URL
+    clp sweep SWEEP.yaml --storage journal:/shared/sweeps/study.log  # a log file on a shared disk, no server
 
 The file's fields and the checks made before any trial starts: experiments/multi/sweep_config.py.
 
@@ -25,9 +26,9 @@ fewer than the target live trials have a lower number, otherwise it is marked a 
 (state FAIL, user attribute `surplus`, no parameters, never run, left out of trials.csv) and the
 worker stops. Whatever the interleaving, the trials that run are exactly the target. Queued
 (WAITING) trials, retries or `study.enqueue_trial`, are always run (the storage hands each to one
-worker: Optuna pops it with a conditional state update). With heartbeats on (RDB storage), a worker killed mid-trial leaves a
+worker: Optuna pops it with a conditional state update). With heartbeats on (RDB storage, and JournalStorage here), a worker killed mid-trial leaves a
 RUNNING trial whose heartbeat stops; after `grace_period` seconds the next worker fails it and
-queues a retry (`RetryHeartbeatStaleTrialCallback`) that continues the same run folder from its
+queues a retry (`RetryHeartbeatStaleTrialCallback`; on JournalStorage the heartbeat is experiments/multi/sweep_journal.py's) that continues the same run folder from its
 last checkpoint — on another machine too when the sweep names an `artifacts` folder every worker
 mounts (each checkpoint is uploaded there: experiments/multi/sweep_artifacts.py). A trial interrupted by Ctrl-C, or by SIGTERM (its run saves the step in progress;
 the worker exits 143), is queued for a retry the same way. A run that
@@ -41,6 +42,7 @@ Outputs (`experiments/multi/sweep_report.py`) are rewritten from the study at th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import subprocess
@@ -53,6 +55,7 @@ from cl_platform.check import ConfigError
 from cl_platform.file_lock import FolderBusy
 from experiments.multi.sweep_config import Sweep, check_runs, check_storage, check_study, load, storage_url, \
     sweep_dir
+from experiments.multi.sweep_journal import beating, fail_stale, is_journal, make_journal
 
 MAX_FAILURES = 3
 
@@ -61,6 +64,8 @@ def make_storage(sweep: Sweep, url: str) -> Any:
     import optuna
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
+    if is_journal(url):  # a log file on a shared disk; the heartbeat is sweep_journal's
+        return make_journal(url)
     # SQLite shared by several worker processes: wait for a lock instead of failing at once.
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
     with warnings.catch_warnings():
@@ -132,17 +137,27 @@ class TrialObjective:
     def __call__(self, trial: Any) -> float | tuple[float, ...]:
         import optuna
 
-        from analysis.metrics import METRICS, summary
-        from experiments.run import execute
-        from cl_platform.preemption import RunPreempted
-        from experiments.multi.sweep_pruning import CurvePruning
-
         self.number = trial.number
         self.preempted = False
         if not claims_a_place(trial.study, trial.number, self.sweep.trials):
             trial.set_user_attr("surplus", True)
             raise Surplus(f"trial {trial.number} not run: the study reached its {self.sweep.trials} trials "
                           f"while this worker asked for one")
+        storage = trial.study._storage
+        beats = (beating(storage, trial._trial_id, self.sweep.heartbeat_interval)
+                 if isinstance(storage, optuna.storages.JournalStorage)
+                 else contextlib.nullcontext())  # RDB storage: Optuna's own heartbeat thread beats
+        with beats:
+            return self._run(trial)
+
+    def _run(self, trial: Any) -> float | tuple[float, ...]:
+        import optuna
+
+        from analysis.metrics import METRICS, summary
+        from experiments.run import execute
+        from cl_platform.preemption import RunPreempted
+        from experiments.multi.sweep_pruning import CurvePruning
+
         params = {path: spec.suggest(trial, path) for path, spec in self.sweep.space.items()}
         folder = self.out / "trials" / str(folder_number(trial.study.get_trials(deepcopy=False)[trial.number]))
         trial.set_user_attr("run_folder", str(folder))
@@ -208,6 +223,8 @@ def optimize(sweep: Sweep, study: Any, out: Path, say: Callable[[str], None]) ->
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)  # dead workers' trials → FAIL + queued retry
+        if isinstance(study._storage, optuna.storages.JournalStorage):  # the same, for a journal file
+            fail_stale(study, sweep.grace_period, sweep.max_retry)
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if counted(study) >= sweep.trials and not waiting:  # queued trials (retries) are run regardless
             return

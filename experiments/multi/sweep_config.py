@@ -12,7 +12,8 @@ The file (fields of `Sweep`):
     trials: 12                        # COMPLETE + PRUNED trials to reach (re-runs add up to it)
     sampler: tpe                      # tpe | random, seeded by `seed` (and the worker, and the
     seed: 0                           #   trials already in the study: a continued study draws anew)
-    storage: null                     # null: sqlite <runs_root>/sweep-<name>/study.db; or a URL
+    storage: null                     # null: sqlite <runs_root>/sweep-<name>/study.db; or a URL;
+                                      #   or journal:PATH, a log file on a shared disk (no server)
     space:                            # dotted run-config path -> distribution
       cl.fwpkm.lr_values: {type: float, low: 0.03, high: 3.0, log: true}
       cl.fwpkm.chunk: {type: categorical, choices: [32, 64, 128]}
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +46,7 @@ from typing import Any, Sequence
 import yaml
 
 from cl_platform.check import ConfigError, apply_overrides, check, check_keys, is_int, is_number, read_yaml
+from experiments.multi.sweep_journal import absolute, is_journal, journal_path
 
 FORBIDDEN = ("model", "pretrain", "base_checkpoint", "stream", "runs_root", "name", "order", "cl.eval_split")
 DIRECTIONS = ("minimize", "maximize")
@@ -201,7 +204,9 @@ class Sweep:
     sampler: str = "tpe"
     startup_trials: int = 4  # TPE: random trials before it models the space
     seed: int = 0
-    storage: str | None = None  # SQLAlchemy URL; null = sqlite study.db in the sweep folder
+    # SQLAlchemy URL, or journal:PATH (Optuna's JournalStorage on a file every worker mounts; PATH
+    # relative to the working folder, as an SQLite URL's is); null = sqlite study.db in the sweep folder
+    storage: str | None = None
     # A folder every worker mounts (Optuna's FileSystemArtifactStore; relative to the sweep file):
     # each trial's checkpoints are uploaded there, so a retry on another machine continues them
     # (experiments/multi/sweep_artifacts.py). null: checkpoints stay in the local trial folder.
@@ -223,7 +228,7 @@ class Sweep:
         check(is_int(self.startup_trials, 1), self, "startup_trials", "must be a positive int")
         check(is_int(self.seed), self, "seed", "must be an int")
         check(self.storage is None or (isinstance(self.storage, str) and bool(self.storage)), self, "storage",
-              "must be an SQLAlchemy URL or null")
+              "must be an SQLAlchemy URL, journal:PATH or null")
         check(self.artifacts is None or (isinstance(self.artifacts, str) and bool(self.artifacts)), self,
               "artifacts", "must be a folder path or null")
         check(bool(self.space), self, "space", "must map at least one dotted run-config path to a distribution")
@@ -297,6 +302,8 @@ def load(path: str | Path, trials: int | None = None, storage: str | None = None
     sweep.run = relative_to(path, sweep.run, "run", overrides)
     if sweep.artifacts is not None:
         sweep.artifacts = relative_to(path, sweep.artifacts, "artifacts", overrides)
+    if sweep.storage is not None and is_journal(sweep.storage):
+        sweep.storage = absolute(sweep.storage)  # workers and the outputs name one file
     return sweep
 
 
@@ -397,6 +404,18 @@ def check_storage(url: str, field_: str, where: str) -> None:
     def refuse(why: str) -> None:
         raise ConfigError(f"{where}: field '{field_}': cannot use database {url!r}: {why}", field=field_)
 
+    if is_journal(url):  # a log file: its folder exists and takes files; the file, if there, is one
+        log = journal_path(url)
+        if not log.parent.is_dir():
+            refuse(f"folder {log.parent} does not exist")
+        if log.exists() and not log.is_file():
+            refuse(f"{log} is not a file")
+        try:
+            with tempfile.TemporaryFile(dir=log.parent):
+                pass
+        except OSError as err:
+            refuse(f"folder {log.parent} is not writable ({err.strerror or type(err).__name__})")
+        return
     try:
         parsed = make_url(url)
     except Exception as err:  # sqlalchemy.exc.ArgumentError and friends

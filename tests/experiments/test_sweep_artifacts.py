@@ -1,6 +1,6 @@
 """Trial checkpoints in Optuna's artifact store: two sweep workers standing in for two machines —
-each its own runs root, sharing only the study's storage (an SQLite file, or the loopback
-PostgreSQL server when CLP_TEST_POSTGRES_URL is set) and the artifact folder. The first is
+each its own runs root, sharing only the study's storage (an SQLite file, a JournalStorage log
+file, or the loopback PostgreSQL server when CLP_TEST_POSTGRES_URL is set) and the artifact folder. The first is
 SIGKILLed mid-trial; the second retries that trial with no copy of its run folder, continues it
 from the uploaded checkpoint, and the study ends with exactly the requested trials, the retried
 one equal to an uninterrupted run."""
@@ -20,6 +20,7 @@ from cl_platform.results import RunResults
 from experiments.multi import sweep as sw
 from experiments.multi import sweep_config as sc
 from experiments.multi.sweep_artifacts import pointer_key
+from experiments.multi.sweep_journal import is_journal, make_journal
 from experiments.run import execute
 
 SPACE = {"cl.fwpkm.lr_values": {"type": "float", "low": 0.03, "high": 3.0, "log": True}}
@@ -74,11 +75,18 @@ def storage_for(backend, tmp_path):
         if not POSTGRES:
             pytest.skip("CLP_TEST_POSTGRES_URL is not set (.ci/run starts a loopback server)")
         return POSTGRES
+    if backend == "journal":  # a log file on the shared disk, no server; sweep_journal's heartbeat
+        return f"journal:{tmp_path / 'shared.log'}"
     return f"sqlite:///{tmp_path / 'shared.db'}"
 
 
+def load_study(name, storage):
+    return optuna.load_study(study_name=name, storage=make_journal(storage) if is_journal(storage) else storage)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend,damaged", [("sqlite", False), ("sqlite", True), ("postgresql", False)])
+@pytest.mark.parametrize("backend,damaged", [("sqlite", False), ("sqlite", True), ("journal", False),
+                                            ("postgresql", False)])
 def test_a_trial_killed_on_one_machine_continues_on_another_from_the_artifact_store(tiny, tiny_base, tmp_path,
                                                                                     backend, damaged):
     storage = storage_for(backend, tmp_path)
@@ -89,7 +97,7 @@ def test_a_trial_killed_on_one_machine_continues_on_another_from_the_artifact_st
 
     killed = tiny.run_cli(["sweep", str(a)], script=KILL_AFTER_UPLOAD, check=False)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = load_study(name, storage)
     assert [t.state for t in study.trials] == [TrialState.RUNNING]
     pointer = study.user_attrs[pointer_key(sc.sweep_dir(sc.load(a)) / "trials" / "0")]
     # Every save uploads: the pointer is at the kill's step, the one before at the save before it.
@@ -104,7 +112,7 @@ def test_a_trial_killed_on_one_machine_continues_on_another_from_the_artifact_st
 
     time.sleep(3)  # the grace period passes without a heartbeat
     again = tiny.run_cli(["sweep", str(b)])
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = load_study(name, storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     retry = study.trials[1]
     assert retry.system_attrs["failed_trial"] == 0 and retry.params == study.trials[0].params

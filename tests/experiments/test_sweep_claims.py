@@ -1,7 +1,8 @@
 """How `clp sweep` workers share a study's target through its storage alone
 (experiments/multi/sweep.py: `claims_a_place`): the verdict on each trial from its number and the
 states of the trials before it, and several processes racing on one real database, asking for
-trials as fast as they can: exactly the target runs, none twice, whatever the interleaving."""
+trials as fast as they can: exactly the target runs, none twice, whatever the interleaving — on
+SQLite, PostgreSQL and a JournalStorage log file."""
 import multiprocessing as mp
 import os
 import uuid
@@ -11,6 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from experiments.multi.sweep import claims_a_place, counted
+from experiments.multi.sweep_journal import is_journal, make_journal
 
 TARGET = 5
 WORKERS = 4
@@ -38,8 +40,7 @@ def test_the_verdict_follows_the_trial_numbers_and_the_states_before_them(tmp_pa
 def race(url: str, name: str, worker: int) -> None:
     """What a `clp sweep` worker does, without the training: count, ask, claim, tell."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = optuna.load_study(study_name=name, storage=open_storage(url))
     while counted(study) < TARGET:
         trial = study.ask()
         if claims_a_place(study, trial.number, TARGET):
@@ -50,17 +51,23 @@ def race(url: str, name: str, worker: int) -> None:
             study.tell(trial, state=TrialState.FAIL)
 
 
+def open_storage(url: str):
+    if is_journal(url):  # a log file on a shared disk, no server
+        return make_journal(url)
+    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
+
+
 POSTGRES = os.environ.get("CLP_TEST_POSTGRES_URL")
-STORAGES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+STORAGES = ["sqlite", "journal", pytest.param("postgresql", marks=pytest.mark.skipif(
     not POSTGRES, reason="CLP_TEST_POSTGRES_URL is not set (.ci/run starts a loopback server)"))]
 
 
 @pytest.mark.parametrize("backend", STORAGES)
 @pytest.mark.parametrize("round_", range(3))
 def test_racing_workers_run_exactly_the_target(tmp_path, backend, round_):
-    url = POSTGRES if backend == "postgresql" else f"sqlite:///{tmp_path / 'study.db'}"
+    url = {"postgresql": POSTGRES, "journal": f"journal:{tmp_path / 'study.log'}"}.get(backend, f"sqlite:///{tmp_path / 'study.db'}")
     name = f"race-{uuid.uuid4().hex[:8]}"  # a server outlives test runs: one study per test
-    optuna.create_study(storage=url, study_name=name)
+    optuna.create_study(storage=open_storage(url), study_name=name)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=race, args=(url, name, w)) for w in range(WORKERS)]
     for p in procs:
@@ -68,7 +75,7 @@ def test_racing_workers_run_exactly_the_target(tmp_path, backend, round_):
     for p in procs:
         p.join(timeout=300)
         assert p.exitcode == 0
-    trials = optuna.load_study(study_name=name, storage=url).trials
+    trials = optuna.load_study(study_name=name, storage=open_storage(url)).trials
     ran = [t for t in trials if not t.user_attrs.get("surplus")]
     assert len(ran) == TARGET and all(t.state == TrialState.COMPLETE for t in ran)
     assert len({t.number for t in ran}) == TARGET
