@@ -2,6 +2,7 @@
 
     clp compare experiments/configs/compare_strategies.yaml
     clp compare experiments/configs/compare_strategies.yaml --entries naive,replay --seeds 0
+    clp compare experiments/configs/compare_strategies.yaml 'orders=[[math,law,code,web],[code,web,math,law]]'
 
 The file names a run config (`run`), the seeds, and the entries: each a list of dotted overrides
 of that run config (`strategy.name=replay`, `cl.mode=finetune`, ...). Every (entry, seed) is an
@@ -48,6 +49,10 @@ class Comparison:
     # base. With a fixed base most strategies are deterministic (naive, slot freezing, distill:
     # the run seed changes nothing), so the spread worth quoting comes from the base.
     base_seeds: list[int] | None = None
+    # Domain orders (each a permutation of the run config's stream order), a dimension of the
+    # comparison like the bases: every entry runs every order, and pairs are matched on it, so the
+    # paired interval covers how a strategy's effect depends on the order. null = the run's order.
+    orders: list[list[str]] | None = None
     name: str = "strategies"
 
     def __post_init__(self) -> None:
@@ -62,10 +67,34 @@ class Comparison:
                                           and all(is_int(s) for s in self.base_seeds)
                                           and len(set(self.base_seeds)) == len(self.base_seeds)),
               self, "base_seeds", "must be null or a non-empty list of distinct ints")
+        check(self.orders is None or (isinstance(self.orders, list) and bool(self.orders) and all(
+            isinstance(o, list) and o and all(isinstance(d, str) for d in o) for o in self.orders)
+            and len({tuple(o) for o in self.orders}) == len(self.orders)),
+              self, "orders", "must be null or a non-empty list of distinct domain orders (lists of domain names)")
 
-    def members(self) -> list[tuple[int | None, int]]:
-        """(base seed or None, run seed) of every member of an entry, in run order."""
-        return [(b, s) for b in (self.base_seeds or [None]) for s in self.seeds]
+    def members(self) -> list[tuple[int | None, tuple[str, ...] | None, int]]:
+        """(base seed or None, domain order or None, run seed) of every member of an entry, in run order."""
+        orders = [tuple(o) for o in self.orders] if self.orders is not None else [None]
+        return [(b, o, s) for b in (self.base_seeds or [None]) for o in orders for s in self.seeds]
+
+
+def member_overrides(base: int | None, order: tuple[str, ...] | None, seed: int) -> list[str]:
+    return ([f"seed={seed}"] + ([] if base is None else [f"pretrain.seed={base}"])
+            + ([] if order is None else [f"order=[{','.join(order)}]"]))
+
+
+def member_key(m: dict) -> tuple:
+    """What pairs two entries' members: the same base, order and seed."""
+    return m.get("base_seed"), tuple(m["order"]) if m.get("order") else None, m["seed"]
+
+
+def check_orders(comp: Comparison, stream_order: list[str]) -> None:
+    """Every order streams the run's domains, each as often: otherwise the entries' metrics would
+    average over different experiences and the pairs would compare nothing."""
+    for i, order in enumerate(comp.orders or []):
+        if sorted(order) != sorted(stream_order):
+            raise ConfigError(f"comparison config field 'orders': orders[{i}] {order} is not a permutation of the "
+                              f"stream's domains {stream_order} (run config {comp.run})", field="orders")
 
 
 def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | None = None,
@@ -103,21 +132,24 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
     from experiments.run import execute
     from experiments.setup import load_setup, make_strategy
 
-    # Every entry's config and strategy are checked before anything trains.
+    # Every entry's config and strategy, and every order, are checked before anything trains.
     for entry, overrides in comp.entries.items():
         try:
-            make_strategy(load_setup(comp.run, overrides))
+            setup = load_setup(comp.run, overrides)
+            make_strategy(setup)
         except ConfigError as err:
             raise ConfigError(f"comparison entry {entry!r}: {err}") from None
+        check_orders(comp, setup.scenario.config.experience_domains)
     from experiments.multi.seeds import check_given_bases
 
     check_given_bases(comp.run, [], comp.base_seeds)
     members: dict[str, list[dict[str, Any]]] = {}
     outcomes: dict[str, list[Any]] = {}  # each member's RunResults, in member order
     for entry, overrides in comp.entries.items():
-        for base, seed in comp.members():
-            extra = [f"seed={seed}"] + ([] if base is None else [f"pretrain.seed={base}"])
-            say(f"--- {entry}, seed {seed}" + ("" if base is None else f", base seed {base}"))
+        for base, order, seed in comp.members():
+            extra = member_overrides(base, order, seed)
+            say(f"--- {entry}, seed {seed}" + ("" if base is None else f", base seed {base}")
+                + ("" if order is None else f", order {' -> '.join(order)}"))
             folder, results, _ = execute(comp.run, [*overrides, *extra], resume=True,
                                          progress_bar=progress_bar, say=say)
             record = json.loads((folder / "run.json").read_text())
@@ -128,6 +160,8 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
                       "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder)}
             if base is not None:
                 member["base_seed"] = base
+            if order is not None:
+                member["order"] = list(order)
             members.setdefault(entry, []).append(member)
             outcomes.setdefault(entry, []).append(results)
     document_differences(members, outcomes)
@@ -136,9 +170,9 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
     out = Path(load_config(comp.run).runs_root) / f"compare-{comp.name}-{digest}"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "comparison.json", {"entries": table, "members": members, "seeds": comp.seeds,
-                                                "base_seeds": comp.base_seeds})
+                                                "base_seeds": comp.base_seeds, "orders": comp.orders})
     atomic_write_text(out / "comparison.csv", to_csv(table))
-    text = format_table(table, comp.seeds, comp.base_seeds)
+    text = format_table(table, comp.seeds, comp.base_seeds, comp.orders)
     atomic_write_text(out / "comparison.txt", text + "\n")
     say(text)
     say(f"comparison: {out}/comparison.json (+ .csv, .txt)")
@@ -155,7 +189,7 @@ def document_differences(members: dict[str, list[dict]], outcomes: dict[str, lis
     first, *others = members
     for entry in others:
         for ref, m, a, b in zip(members[first], members[entry], outcomes[first], outcomes[entry]):
-            if (ref.get("base_seed"), ref["seed"]) != (m.get("base_seed"), m["seed"]):
+            if member_key(ref) != member_key(m):
                 raise ValueError(f"compare: entries {first!r} and {entry!r} ran their members in another order")
             diff = difference_bootstrap(a, b)["metrics"]
             m["vs_first_documents"] = {k: {"vs": first, **diff[k]} for k in METRICS if k in diff}
@@ -177,6 +211,8 @@ def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dic
         row: dict[str, Any] = {"mode": ms[0]["mode"], "strategy": ms[0]["strategy"], "seeds": [m["seed"] for m in ms]}
         if any("base_seed" in m for m in ms):
             row["base_seeds"] = [m.get("base_seed") for m in ms]
+        if any("order" in m for m in ms):
+            row["orders"] = [m.get("order") for m in ms]
         for metric in METRICS:
             row[metric] = _stat([m["summary"][metric] for m in ms])
         row["final_perplexity"] = _stat([math.exp(m["summary"]["average_final"]) for m in ms])
@@ -195,20 +231,24 @@ def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dic
 
 
 def paired(a: list[dict], b: list[dict], name_a: str, name_b: str) -> dict[str, dict[str, Any]]:
-    """Per metric, B − A member by member (matched on base seed and seed): mean, std, t-interval."""
+    """Per metric, B − A member by member (matched on base seed, order and seed): mean, std, t-interval."""
     from analysis.aggregate import mean_std
 
-    def key(m: dict) -> tuple:
-        return m.get("base_seed"), m["seed"]
-
+    key = member_key
     by_key = {key(m): m for m in a}
     if sorted(by_key, key=str) != sorted((key(m) for m in b), key=str):
         raise ValueError(f"compare: entries {name_a!r} and {name_b!r} do not have the same members to pair")
     out = {}
+    bases = sorted({m.get("base_seed") for m in b}, key=str)
     for metric in METRICS:
         diffs = [m["summary"][metric] - by_key[key(m)]["summary"][metric] for m in b]
         if not any(math.isnan(d) for d in diffs):
             out[metric] = {"vs": name_a, **mean_std(diffs)}
+            if len(bases) > 1 and len(diffs) > len(bases):
+                # Several orders (or seeds) per base are not independent draws: the interval a
+                # reviewer can trust is over the bases, each the mean of its own pairs.
+                per_base = [statistics.fmean(d for d, m in zip(diffs, b) if m.get("base_seed") == base) for base in bases]
+                out[metric]["over_bases"] = mean_std(per_base)
     return out
 
 
@@ -224,10 +264,12 @@ def to_csv(table: dict[str, dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds: list[int] | None = None) -> str:
+def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds: list[int] | None = None,
+                 orders: list[list[str]] | None = None) -> str:
     # The registry's column heads, "average" abbreviated to fit the 20-character columns.
     heads = [*[REGISTRY[m].column_label.replace("average", "avg") for m in METRICS], "final ppl", "compute", "state"]
-    over = f"seeds {seeds}" if base_seeds is None else f"base seeds {base_seeds} x seeds {seeds}"
+    over = " x ".join(([] if base_seeds is None else [f"base seeds {base_seeds}"])
+                      + ([] if orders is None else [f"{len(orders)} orders"]) + [f"seeds {seeds}"])
     lines = [f"strategies, mean ± std over {over} (loss in nats; compute: train + eval time relative to "
              f"the first entry of the same mode)",
              f"{'entry':>18s} {'mode':>9s} " + "".join(f"{h:>20s}" for h in heads)]
@@ -243,15 +285,19 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
         first = next(iter(table))
         # One base and seed: the interval is over the documents both runs scored; more: over the pairs.
         within = pairs == 1
+        clustered = any("over_bases" in d for _, row in paired_rows for d in row["vs_first"].values())
         what = ("one base and seed): value [95 % paired bootstrap over evaluation documents, within this base]"
-                if within else f"member by member): mean [95 % t-interval over the {pairs} pairs]")
+                if within else
+                f"member by member): mean [95 % t-interval over the {len(base_seeds or [])} bases, each the mean "
+                f"of its {pairs // len(base_seeds or [1])} pairs]" if clustered else
+                f"member by member): mean [95 % t-interval over the {pairs} pairs]")
         lines += ["", f"paired differences from {first} (entry − {first}, {what}",
                   f"{'entry':>18s} " + "".join(f"{h:>28s}" for h in heads[:len(METRICS)])]
         for entry, row in paired_rows:
             if within:
                 stats = {m: (d["value"], d["low"], d["high"]) for m, d in row.get("vs_first_documents", {}).items()}
             else:
-                stats = {m: (d["mean"], *d["t95"]) for m, d in row["vs_first"].items()}
+                stats = {m: (d["mean"], *d.get("over_bases", d)["t95"]) for m, d in row["vs_first"].items()}
             cells = [f"{stats[m][0]:+.4f} [{stats[m][1]:+.3f}, {stats[m][2]:+.3f}]" if m in stats else "n/a"
                      for m in METRICS]
             lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))

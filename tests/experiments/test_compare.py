@@ -77,6 +77,69 @@ def test_paired_differences_match_members_by_base_and_seed_and_refuse_unmatched_
         paired(a, b[:2], "naive", "replay")
 
 
+def test_orders_pair_members_by_order_and_the_interval_is_over_bases_when_orders_repeat_a_base():
+    from experiments.multi.compare import METRICS, paired
+
+    def member(base, order, forgetting):
+        return {"base_seed": base, "order": order, "seed": 0,
+                "summary": {m: forgetting if m == "average_forgetting" else 1.0 for m in METRICS}}
+    ab, ba = ["math", "code"], ["code", "math"]
+    a = [member(0, ab, 0.40), member(0, ba, 0.44), member(1, ab, 0.50), member(1, ba, 0.58)]
+    b = [member(1, ba, 0.20), member(0, ab, 0.10), member(1, ab, 0.22), member(0, ba, 0.12)]  # paired by key
+    d = paired(a, b, "naive", "x")["average_forgetting"]
+    assert d["values"] == pytest.approx([-0.38, -0.30, -0.28, -0.32]) and d["mean"] == pytest.approx(-0.32)
+    # Over the two bases, each the mean of its two orders: -0.31 and -0.33; t(0.975, 1) = 12.706.
+    over = d["over_bases"]
+    assert over["values"] == pytest.approx([-0.31, -0.33]) and over["mean"] == pytest.approx(-0.32)
+    half = 12.706 * 0.0141421 / 2 ** 0.5
+    assert over["t95"] == pytest.approx([-0.32 - half, -0.32 + half], abs=1e-3)
+    with pytest.raises(ValueError, match="same members to pair"):  # an order missing from one entry
+        paired(a, [member(0, ab, 0.1), member(0, ab, 0.1), member(1, ab, 0.2), member(1, ba, 0.2)], "naive", "x")
+    # One base: nothing to cluster, the interval is over the pairs.
+    assert "over_bases" not in paired(a[:2], b[1::2], "naive", "x")["average_forgetting"]
+
+
+def test_domain_orders_are_a_dimension_of_the_comparison(tiny, tmp_path):
+    orders = [["math", "code"], ["code", "math"]]
+    said = []
+    out, table = run(load(write(tiny, tmp_path, seeds=[0], orders=orders)), say=said.append)
+    saved = json.loads((out / "comparison.json").read_text())
+    assert saved["orders"] == orders
+    for entry in ("naive", "freeze"):
+        members = saved["members"][entry]
+        assert [m["order"] for m in members] == orders and table[entry]["orders"] == orders
+        for m in members:  # each member streamed its own order
+            assert yaml.safe_load(Path(m["folder"], "config.yaml").read_text())["order"] == m["order"]
+            assert RunResults.from_json(f"{m['folder']}/results.json").matrix.experiences == m["order"]
+    gains = [summary(RunResults.from_json(f"{m['folder']}/results.json"))["adaptation_gain"]
+             for m in saved["members"]["naive"]]
+    assert gains[0] != gains[1]  # the order changes what the stream measures
+    vs = table["freeze"]["vs_first"]["adaptation_gain"]
+    expect = [summary(RunResults.from_json(f"{f['folder']}/results.json"))["adaptation_gain"] - g
+              for f, g in zip(saved["members"]["freeze"], gains)]
+    assert vs["values"] == pytest.approx(expect)
+    assert "2 orders x seeds [0]" in (out / "comparison.txt").read_text()
+    assert any("order code -> math" in line for line in said)
+
+
+@pytest.mark.parametrize("orders, message", [
+    ([["math", "math"]], r"orders\[0\] \['math', 'math'\] is not a permutation of the stream's domains"),
+    ([["math"]], r"orders\[0\] \['math'\] is not a permutation"),
+    ([["math", "code"], ["math", "code"]], "distinct domain orders"),
+    ([["math", "physics"]], "physics"),
+])
+def test_an_order_that_is_not_a_permutation_of_the_streams_domains_is_refused_before_any_training(
+        tiny, tmp_path, orders, message):
+    runs = tmp_path / "runs"
+    tiny.config(tmp_path / "run.yaml", runs_root=str(runs))
+    path = tmp_path / "compare.yaml"
+    path.write_text(yaml.safe_dump({"run": "run.yaml", "seeds": [0], "orders": orders,
+                                    "entries": {"naive": ["strategy.name=naive"]}}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        run(load(path), say=lambda _: None)
+    assert not runs.exists() or not any(runs.iterdir())  # nothing trained, nothing written
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"entries": {"x": ["strategy.name=mamba"]}}, "entry 'x'.*mamba"),
     ({"entries": {"x": ["cl.mode=slow"]}}, "entry 'x'.*cl.mode"),
