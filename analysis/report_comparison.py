@@ -3,7 +3,9 @@
     table    entries × headline metrics, mean ± std over seeds, as comparison.json holds them
     curves   forgetting curves per domain, one line per entry: the mean over its seeds, each seed's
              curve read from the member run's results.json
-    scatter  average forgetting against adaptation gain per entry, error bars = std over seeds
+    scatter  average forgetting against adaptation gain per entry, error bars = std over seeds, the
+             Pareto front (entries no other entry beats on both: more gain and less forgetting)
+             drawn as a line and named in the text
 
 The members' own sections are not repeated (one report per member run: `clp report <member>`).
 """
@@ -71,12 +73,24 @@ def comparison_sections(comp: ComparisonInput) -> list[Section]:
     x, y = (metrics.METRICS[name] for name in metrics.TRADE_OFF)
     points = [(entry, _get(row, x.name, "mean"), _get(row, x.name, "std"), _get(row, y.name, "mean"),
                _get(row, y.name, "std")) for entry, row in entries.items()]
+    front = pareto_front([(entry, gain, forgetting) for entry, gain, _, forgetting, _ in points])
     blocks += [Paragraph("Forgetting against adaptation: right = more gain on the trained domain, down = less "
-                         "forgetting; error bars: std over seeds."),
+                         "forgetting; error bars: std over seeds. Pareto front (no other entry has at least as "
+                         f"much gain and at most as much forgetting, one of them strictly; on the means): "
+                         f"{', '.join(front) if front else 'none (no entry has both numbers)'}."),
                Image("comparison-scatter.png",
-                     report_plots.scatter_png(points, f"{x.column_label} (nats)", f"{y.column_label} (nats)"),
-                     f"{y.column_label} against {x.column_label} per entry")]
+                     report_plots.scatter_png(points, f"{x.column_label} (nats)", f"{y.column_label} (nats)", front),
+                     f"{y.column_label} against {x.column_label} per entry, Pareto front as a line")]
     return [Section("comparison", "Comparison", blocks)]
+
+
+def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
+    """The entries (label, gain, forgetting) that no other entry dominates (gain ≥ and forgetting ≤,
+    one strictly), ordered by gain; entries with a NaN are left out."""
+    ok = [(label, g, f) for label, g, f in points if not (math.isnan(g) or math.isnan(f))]
+    front = [(label, g, f) for label, g, f in ok
+             if not any(g2 >= g and f2 <= f and (g2 > g or f2 < f) for _, g2, f2 in ok)]
+    return [label for label, _, _ in sorted(front, key=lambda p: p[1])]
 
 
 def curve_blocks(comp: ComparisonInput) -> list:

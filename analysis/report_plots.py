@@ -66,10 +66,16 @@ def curves_png(curves: dict[str, dict[str, Points]], boundaries: Sequence[tuple[
     return to_png(fig)
 
 
-def scatter_png(points: Sequence[tuple[str, float, float, float, float]], xlabel: str, ylabel: str) -> bytes:
-    """(label, x, x error, y, y error) per point; a NaN error (one seed) draws no bar."""
+def scatter_png(points: Sequence[tuple[str, float, float, float, float]], xlabel: str, ylabel: str,
+                front: Sequence[str] = ()) -> bytes:
+    """(label, x, x error, y, y error) per point; a NaN error (one seed) draws no bar. `front`: labels
+    joined by a dashed line in the given order (a Pareto front)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 4.5))
+    at = {label: (x, y) for label, x, _, y, _ in points}
+    if len(front) > 1:
+        ax.plot([at[label][0] for label in front], [at[label][1] for label in front], "--", color="black",
+                linewidth=0.8, label="Pareto front", zorder=0)
     for label, x, xerr, y, yerr in points:
         ax.errorbar([x], [y], xerr=None if math.isnan(xerr) else [xerr], yerr=None if math.isnan(yerr) else [yerr],
                     fmt="o", capsize=3, label=label)

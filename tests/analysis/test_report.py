@@ -300,6 +300,25 @@ def test_a_comparison_report_has_the_table_curves_and_scatter(made, tmp_path):
     assert not math.isnan(saved["naive"]["adaptation_gain"]["std"])  # 2 seeds: a real std was compared
     assert len(page.images) == 2  # curves (mean over seeds per entry) and the forgetting-vs-gain scatter
     assert "comparison-curves.png" in md.read_text() and (tmp_path / "cmp" / "comparison-scatter.png").is_file()
+    # The Pareto front named under the scatter is the one the table's means give.
+    from analysis.report_comparison import pareto_front
+
+    means = [(e, saved[e]["adaptation_gain"]["mean"], saved[e]["average_forgetting"]["mean"]) for e in saved]
+    front = pareto_front(means)
+    assert front and f"Pareto front (no other entry" in html.read_text()
+    assert f"one of them strictly; on the means): {', '.join(front)}." in html.read_text()
+
+
+def test_the_pareto_front_keeps_exactly_the_entries_no_other_beats_on_gain_and_forgetting():
+    from analysis.report_comparison import pareto_front
+
+    nan = float("nan")
+    points = [("naive", 0.60, 0.40), ("replay", 0.55, 0.12), ("both", 0.50, 0.10), ("worse", 0.50, 0.30),
+              ("tie", 0.55, 0.12), ("no gain", nan, 0.0)]
+    # worse: both beats it (same gain, less forgetting); equal points do not dominate each other.
+    assert pareto_front(points) == ["both", "replay", "tie", "naive"]
+    assert pareto_front([("a", 0.1, 0.2)]) == ["a"] and pareto_front([("x", nan, nan)]) == []
+    assert pareto_front([("a", 0.2, 0.1), ("b", 0.3, 0.05)]) == ["b"]  # b: more gain and less forgetting
 
 
 # --- sweeps -----------------------------------------------------------------------------------------
