@@ -135,8 +135,13 @@ class RankSum:
     The paper's code lets each rank write from its own shard, so memories drift apart. Here the
     slot ids of a chunk are united across ranks, and the per-slot read counts N_i, the value-write
     sums, the addressing marginals and the key gradient are all-reduced: the result equals one
-    process writing from the concatenated batch. Forward values are global; gradients flow through
-    this rank's own contribution only (other ranks' shares enter as constants).
+    process writing from the concatenated batch. Forward values are global, and so are gradients:
+    the backward of a sum all-reduces its gradient, so this rank's share receives what every
+    rank's loss asks of the total (∂(Σ_r L_r)/∂total), and the slow-weight gradients summed over
+    ranks — what DDP averages — equal one process's on the concatenated batch, cross-rank terms
+    included. (Summing the forward only would leave each rank the gradient of its own loss through
+    its own share: the cross terms, and for a term every rank computes from the global totals,
+    all but 1/world of it, would be missing.)
     """
 
     def __init__(self, group=None):
@@ -160,9 +165,33 @@ class RankSum:
         return torch.unique(every[every >= 0])
 
     def sum(self, t: Tensor) -> Tensor:
-        total = t.detach().clone()
+        if t.requires_grad:
+            return _SumOverRanks.apply(t, self.group)
+        total = t.clone()
         self.dist.all_reduce(total, group=self.group)
-        return t + (total - t.detach()) if t.requires_grad else total
+        return total
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """all_reduce(SUM) whose backward all-reduces the gradient: the derivative of Σ_r t_r with
+    respect to each rank's t_r is the identity, applied to the sum of every rank's gradient."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, group) -> Tensor:
+        import torch.distributed as dist
+
+        ctx.group = group
+        total = t.detach().clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        import torch.distributed as dist
+
+        total = grad.clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
 
 
 def data_parallel_reducer() -> RankSum | None:

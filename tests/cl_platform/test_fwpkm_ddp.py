@@ -54,3 +54,37 @@ def test_ranks_hold_identical_memory_equal_to_single_process(tmp_path):
     torch.testing.assert_close(r0["values"], layer.values, atol=1e-12, rtol=0)
     torch.testing.assert_close(r0["keys"], layer.keys, atol=1e-12, rtol=0)
     assert torch.equal(r0["read_counts"], layer.read_counts)
+
+
+def grad_worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        layer, x = make_layer_and_batch()
+        shard = x[2 * rank : 2 * rank + 2].clone().requires_grad_(True)
+        layer(shard).pow(2).sum().backward()  # this rank's share of the global loss Σ_r L_r
+        grads = {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
+        torch.save({"params": grads, "input": shard.grad}, os.path.join(out_dir, f"grad{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_gradients_summed_over_ranks_equal_one_process_on_the_whole_batch(tmp_path):
+    """What DDP averages (each rank's slow-weight gradients) sums to one process's gradient of the
+    loss over the concatenated batch: the write's cross-rank terms flow back through RankSum's
+    all-reduced backward. With the forward-only sum (each rank's loss through its own share) the
+    sums differ, so this test can fail."""
+    mp.spawn(grad_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [torch.load(tmp_path / f"grad{r}.pt", weights_only=True) for r in range(WORLD)]
+    layer, x = make_layer_and_batch()
+    whole = x.clone().requires_grad_(True)
+    layer(whole).pow(2).sum().backward()
+    expected = {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
+    assert set(expected) == set(ranks[0]["params"]) and len(expected) >= 3
+    for name, grad in expected.items():
+        torch.testing.assert_close(ranks[0]["params"][name] + ranks[1]["params"][name], grad, atol=1e-10, rtol=1e-9,
+                                   msg=name)
+    # The inputs' gradients are each rank's rows of the whole batch's: the later chunks of every
+    # rank read a memory written from both ranks' tokens, and the gradient comes back across.
+    torch.testing.assert_close(torch.cat([r["input"] for r in ranks]), whole.grad, atol=1e-10, rtol=1e-9)
