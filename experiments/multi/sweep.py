@@ -26,9 +26,10 @@ fewer than the target live trials have a lower number, otherwise it is marked a 
 (state FAIL, user attribute `surplus`, no parameters, never run, left out of trials.csv) and the
 worker stops. Whatever the interleaving, the trials that run are exactly the target. Queued
 (WAITING) trials, retries or `study.enqueue_trial`, are always run (the storage hands each to one
-worker: Optuna pops it with a conditional state update). With heartbeats on (RDB storage, and JournalStorage here), a worker killed mid-trial leaves a
-RUNNING trial whose heartbeat stops; after `grace_period` seconds the next worker fails it and
-queues a retry (`RetryHeartbeatStaleTrialCallback`; on JournalStorage the heartbeat is experiments/multi/sweep_journal.py's) that continues the same run folder from its
+worker: Optuna pops it with a conditional state update). With heartbeats on (Optuna's, on RDB
+storage; experiments/multi/sweep_journal.py's, on JournalStorage), a worker killed mid-trial
+leaves a RUNNING trial whose heartbeat stops; after `grace_period` seconds the next worker fails it
+and queues a retry (`RetryHeartbeatStaleTrialCallback`) that continues the same run folder from its
 last checkpoint — on another machine too when the sweep names an `artifacts` folder every worker
 mounts (each checkpoint is uploaded there: experiments/multi/sweep_artifacts.py). A trial interrupted by Ctrl-C, or by SIGTERM (its run saves the step in progress;
 the worker exits 143), is queued for a retry the same way. A run that
