@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -410,11 +409,9 @@ def check_storage(url: str, field_: str, where: str) -> None:
             refuse(f"folder {log.parent} does not exist")
         if log.exists() and not log.is_file():
             refuse(f"{log} is not a file")
-        try:
-            with tempfile.TemporaryFile(dir=log.parent):
-                pass
-        except OSError as err:
-            refuse(f"folder {log.parent} is not writable ({err.strerror or type(err).__name__})")
+        from cl_platform.check import check_writable
+
+        check_writable(log.parent, field_, where)  # probed by writing a file, as a runs root is
         return
     try:
         parsed = make_url(url)
