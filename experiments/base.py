@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cl_platform.checkpoint import CheckpointError, load_checkpoint
+from cl_platform.lm_module import precision_note
 from cl_platform.provenance import base_code, changed_modules
 from experiments.base_probe import PROBE_FILE, probe_difference, write_probe
 from experiments.base_probe import TOLERANCE as PROBE_TOLERANCE
@@ -145,6 +146,9 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
             say(f"base model: the unfinished pretraining in {out} was started by {change}: moved to {aside}, "
                 f"starting over ({REUSE_FLAG} would continue it)")
     say(f"base model: pretraining {cfg.pretrain.steps} steps into {out} (built once, reused by later runs)")
+    note = precision_note(cfg.pretrain.precision)
+    if note is not None:  # said here, where a pretraining starts: a run on a given base trains none
+        say(note.replace("set pretrain.precision=32-true cl.precision=32-true", "set pretrain.precision=32-true"))
     model = build_model(setup.model_config, cfg.pretrain.seed, cfg.pretrain.fwpkm)
     data_module = PretrainDataModule(setup.scenario, cfg.pretrain.batch_size, seed=cfg.pretrain.seed)
     pretrainer = Pretrainer(

@@ -73,7 +73,7 @@ class EWC(Strategy):
 
     def consolidate(self, model, batches) -> None:
         new = self.fisher_of(model, batches)
-        self.fisher = {k: self.decay * self.fisher[k] + v if k in self.fisher else v for k, v in new.items()}
+        self.fisher = {k: self.decay * self.fisher[k].to(v.device) + v if k in self.fisher else v for k, v in new.items()}
         self.anchor = {n: p.detach().clone() for n, p in _dense_params(model).items()}
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
@@ -84,6 +84,11 @@ class EWC(Strategy):
     def penalty(self, model) -> Tensor:
         params = _dense_params(model)
         total = next(iter(params.values())).new_zeros(())
+        if next(iter(self.anchor.values())).device != total.device:
+            # Computed between experiences, where Lightning has moved the model back to the host;
+            # the training steps run on the model's device: move once per experience.
+            self.fisher = {k: v.to(total.device) for k, v in self.fisher.items()}
+            self.anchor = {k: v.to(total.device) for k, v in self.anchor.items()}
         for name, f in self.fisher.items():
             total = total + (f * (params[name] - self.anchor[name]) ** 2).sum()
         return 0.5 * self.lam * total
@@ -94,8 +99,8 @@ class EWC(Strategy):
         return {"ewc/penalty": self.penalty(ctx.model)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fisher": {k: v.clone() for k, v in self.fisher.items()},
-                "anchor": {k: v.clone() for k, v in self.anchor.items()}}
+        return {"fisher": {k: v.detach().cpu().clone() for k, v in self.fisher.items()},
+                "anchor": {k: v.detach().cpu().clone() for k, v in self.anchor.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != {"fisher", "anchor"}:

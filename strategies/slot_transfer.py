@@ -44,21 +44,23 @@ class SlowMemory:
     """The read-only banks of one FwPKM layer, as the layer's `extra_read`: queries → read-out."""
 
     def __init__(self, banks: list[dict[str, Any]], num_slots: int, topk: int):
-        self.banks = banks
         self.topk = topk
-        self._rows = []
+        self._banks = []  # (codebooks, slot -> row, table + zero row), on the device of the last read
         for bank in banks:
             # Slot id -> row of the bank's table; every other slot points at a final zero row.
             ids, table = bank["ids"], bank["table"]
             rows = torch.full((num_slots,), ids.numel(), dtype=torch.long, device=table.device)
             rows[ids] = torch.arange(ids.numel(), device=table.device)
-            self._rows.append((rows, torch.cat([table, table.new_zeros(1, table.shape[1])])))
+            self._banks.append((bank["keys"], rows, torch.cat([table, table.new_zeros(1, table.shape[1])])))
 
     def __call__(self, q: Tensor) -> Tensor:
         """q (B, T, H·Dk) → Σ over banks of the bank's read-out (B, T, Dv)."""
+        if self._banks and self._banks[0][0].device != q.device:
+            # Banks are made between experiences, on the host (Lightning moves the model back to
+            # the CPU when a fit ends); the reads run where the queries are: move them once.
+            self._banks = [tuple(t.to(q.device) for t in bank) for bank in self._banks]
         out = None
-        for bank, (rows, table) in zip(self.banks, self._rows):
-            keys = bank["keys"]
+        for keys, rows, table in self._banks:
             H = keys.shape[0]
             look, _ = product_key_lookup(q.view(*q.shape[:-1], H, -1), keys, self.topk)
             idx = rows[look.idx.reshape(-1, self.topk)]

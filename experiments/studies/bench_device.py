@@ -161,6 +161,8 @@ def device_tests() -> str:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cl_platform/test_device.py"],
                           cwd=ROOT, capture_output=True, text=True, timeout=480)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"exit {proc.returncode}"
+    if proc.returncode != 0:  # the table says only "failed": the lease is short, so show why now
+        print(proc.stdout, proc.stderr[-3000:], sep="\n")
     return last.strip("= ")
 
 

@@ -12,7 +12,7 @@ instrumented run equals an uninstrumented one bit for bit, and a planted stray t
 
 Device-parametrized: the layer against a float64 CPU reference, the training step and one
 continual-phase run, on `cpu` and on `cuda` where torch sees one (skipped elsewhere), so the same
-suite checks a GPU machine (bench/device_check.sh).
+suite checks a GPU machine (experiments/studies/device_check.sh).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from cl_platform.memory.fwpkm import FwPKM, FwPKMConfig, WriteRule
 from cl_platform.results import RunResults
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+AUTO = Placement("auto").resolved_accelerator()
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 # The LightningModule's methods that run on the model's device (training and evaluation).
@@ -66,11 +67,14 @@ FINETUNE = [{"name": "ewc", "kwargs": {"lam": 1.0e3, "fisher_batches": 2, "batch
             {"name": "lwf", "kwargs": {"alpha": 1.0}}]
 
 
-def _results(tiny, tmp_path, name, mode, strategy, instrumented):
+def _results(tiny, tmp_path, name, mode, strategy, instrumented, accelerator="cpu"):
+    """One continual run with every strategy of `mode` composed. The meta instrumentation keeps the
+    model on the CPU (`accelerator` pinned, so a GPU machine runs the same check)."""
     from experiments.run import execute
 
-    config = tiny.config(tmp_path / f"{name}.yaml", name=name, strategy=strategy, cl={"mode": mode, "inspect": True})
-    folder, results, _ = execute(config, run_dir=tmp_path / ("meta" if instrumented else "plain") / name,
+    config = tiny.config(tmp_path / f"{name}.yaml", name=name, strategy=strategy,
+                         cl={"mode": mode, "inspect": True, "accelerator": accelerator})
+    folder, results, _ = execute(config, run_dir=tmp_path / ("meta" if instrumented else accelerator) / name,
                                  progress_bar=False, say=quiet)
     return results
 
@@ -95,7 +99,7 @@ def test_a_tensor_made_without_device_is_caught(tiny, tiny_base, tmp_path, monke
     monkeypatch.setattr(FwPKM, "forward", stray)
     from experiments.run import execute
 
-    config = tiny.config(tmp_path / "stray.yaml", name="stray")
+    config = tiny.config(tmp_path / "stray.yaml", name="stray", cl={"accelerator": "cpu"})
     with pytest.raises(RuntimeError, match="meta"):
         execute(config, run_dir=tmp_path / "stray", progress_bar=False, say=quiet)
 
@@ -106,7 +110,8 @@ def test_pretraining_device_side_code(tiny, tmp_path, monkeypatch):
 
     def base(root):
         setup = load_setup(tiny.config(tmp_path / "pre.yaml", runs_root=str(tmp_path / root)),
-                           ["pretrain.steps=4", "pretrain.eval_every=2", "pretrain.checkpoint_every=2"])
+                           ["pretrain.steps=4", "pretrain.eval_every=2", "pretrain.checkpoint_every=2",
+                            "pretrain.accelerator=cpu"])
         return ensure_base(setup, progress_bar=False, say=quiet, shipped=())[3]
 
     plain = base("plain")
@@ -158,12 +163,24 @@ def test_continual_run_on_device(tiny, tiny_base, tmp_path, device):
         _, results, _ = execute(config, run_dir=tmp_path / accelerator, progress_bar=False, say=quiet)
         return results.matrix.values
 
-    auto = matrix("auto" if device == "cpu" else "cpu")
-    other = matrix("cpu" if device == "cpu" else "gpu")
+    cpu = matrix("cpu")
     if device == "cpu":
-        assert np.array_equal(auto, other)
+        # `auto` is the CPU only where torch sees no GPU; on a GPU machine the cuda case checks it
+        assert np.array_equal(cpu, matrix("auto" if AUTO == "cpu" else "cpu"))
     else:
-        assert np.allclose(auto, other, atol=1e-3, rtol=0), (auto, other)
+        assert np.allclose(cpu, matrix("gpu"), atol=1e-3, rtol=0)
+
+
+@CUDA
+@pytest.mark.parametrize("mode, strategy", [("fast", FAST), ("finetune", FINETUNE)], ids=["fast", "finetune"])
+def test_every_strategy_on_cuda(tiny, tiny_base, tmp_path, mode, strategy):
+    """Every strategy of `mode` composed, with the memory recorder, on CUDA against the same run on
+    the CPU: the hooks between experiences run on the host and the steps on the device."""
+    cpu = _results(tiny, tmp_path, f"all-{mode}", mode, strategy, instrumented=False, accelerator="cpu")
+    gpu = _results(tiny, tmp_path, f"all-{mode}", mode, strategy, instrumented=False, accelerator="gpu")
+    assert gpu.matrix.is_complete
+    gap = float(np.abs(cpu.matrix.values - gpu.matrix.values).max())
+    assert gap < 1e-2, f"largest |cpu - cuda| in the matrix: {gap:.2e}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -187,7 +204,7 @@ def test_training_step_on_device(tiny, tiny_base, device):
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
     a = trained("cpu")
-    b = trained("auto" if device == "cpu" else "gpu")
+    b = trained(("auto" if AUTO == "cpu" else "cpu") if device == "cpu" else "gpu")
     start = build_model(tiny_base.setup.model_config, 0).state_dict()
     assert not torch.equal(a["lm_head.weight"], start["lm_head.weight"])
     for key in a:

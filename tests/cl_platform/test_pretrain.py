@@ -41,6 +41,21 @@ def test_second_request_uses_the_cache(tiny, tiny_base):
     assert base_key(other) != base_key(setup)
 
 
+def test_a_cpu_without_bfloat16_is_told_where_a_bf16_pretraining_starts_only(tiny, tmp_path, monkeypatch):
+    # As on an AVX2-only CPU (a bf16 matmul 36x slower than float32 there): the note comes where a
+    # pretraining starts, naming the field; a request the cache answers trains nothing, says nothing.
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    setup = load_setup(tiny.config(tmp_path / "bf16.yaml", runs_root=str(tmp_path / "runs")),
+                       ["pretrain.steps=2", "pretrain.eval_every=2", "pretrain.precision=bf16-mixed"])
+    said, again = [], []
+    ensure_base(setup, progress_bar=False, say=said.append)
+    notes = [s for s in said if "no native bfloat16" in s]
+    assert len(notes) == 1 and "set pretrain.precision=32-true" in notes[0] and "cl.precision" not in notes[0]
+    _, _, cached, _ = ensure_base(setup, progress_bar=False, say=again.append)
+    assert cached and not any("no native bfloat16" in s for s in again), again
+
+
 def test_unigram_loss_is_the_smoothed_cross_entropy():
     train = [{"targets": torch.tensor([[2, 2, 3, -100]])}]
     evals = {"d": [{"targets": torch.tensor([[2, 3, -100]])}]}
