@@ -105,15 +105,16 @@ class OptimSettings:
         return floor + 0.5 * (self.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def precision_note(precision: str) -> str | None:
-    """A warning when bf16-mixed will be slow here: a CPU without native bfloat16 emulates it."""
+def precision_note(precision: str, field: str) -> str | None:
+    """A warning when bf16-mixed (the value of `field`) will be slow here: a CPU without native
+    bfloat16 emulates it."""
     if precision != "bf16-mixed" or torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None
     # Measured on an AVX2-only AMD EPYC (2026-12-04): a bf16 matmul 36x slower than float32, a
     # reference-base pretraining step 160 s instead of 3.4-4.8 s on CPUs with avx512_bf16 or AMX.
-    return ("precision bf16-mixed: this CPU has no native bfloat16 (no avx512_bf16 or AMX), which makes bf16 "
-            "matmuls tens of times slower than float32 (36x on an AVX2-only EPYC); set pretrain.precision=32-true "
-            "cl.precision=32-true (results then differ from bf16 runs), or run on a GPU")
+    return (f"{field}: bf16-mixed, but this CPU has no native bfloat16 (no avx512_bf16 or AMX), which makes bf16 "
+            f"matmuls tens of times slower than float32 (36x on an AVX2-only EPYC); set {field}=32-true "
+            "(results then differ from bf16 runs), or run on a GPU")
 
 
 def step_seed(seed: int, step: int) -> int:

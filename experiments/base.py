@@ -146,9 +146,8 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
             say(f"base model: the unfinished pretraining in {out} was started by {change}: moved to {aside}, "
                 f"starting over ({REUSE_FLAG} would continue it)")
     say(f"base model: pretraining {cfg.pretrain.steps} steps into {out} (built once, reused by later runs)")
-    note = precision_note(cfg.pretrain.precision)
-    if note is not None:  # said here, where a pretraining starts: a run on a given base trains none
-        say(note.replace("set pretrain.precision=32-true cl.precision=32-true", "set pretrain.precision=32-true"))
+    if (note := precision_note(cfg.pretrain.precision, "pretrain.precision")) is not None:
+        say(note)  # here, where a pretraining starts: a run on a given base trains none
     model = build_model(setup.model_config, cfg.pretrain.seed, cfg.pretrain.fwpkm)
     data_module = PretrainDataModule(setup.scenario, cfg.pretrain.batch_size, seed=cfg.pretrain.seed)
     pretrainer = Pretrainer(

@@ -112,7 +112,7 @@ def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | Non
         return folder, RunResults.from_json(folder / "results.json"), None
     from cl_platform.lm_module import precision_note
 
-    if (note := precision_note(cfg.cl.precision)) is not None:  # pretraining's: where one starts (experiments/base.py)
+    if (note := precision_note(cfg.cl.precision, "cl.precision")) is not None:  # pretraining's: experiments/base.py
         say(note)
     if weights is None:
         # A DDP child rank takes the base rank 0 has settled on; it never moves or rebuilds one.

@@ -51,7 +51,7 @@ def test_a_cpu_without_bfloat16_is_told_where_a_bf16_pretraining_starts_only(tin
     said, again = [], []
     ensure_base(setup, progress_bar=False, say=said.append)
     notes = [s for s in said if "no native bfloat16" in s]
-    assert len(notes) == 1 and "set pretrain.precision=32-true" in notes[0] and "cl.precision" not in notes[0]
+    assert len(notes) == 1 and "set pretrain.precision=32-true" in notes[0] and "cl.precision" not in notes[0], notes
     _, _, cached, _ = ensure_base(setup, progress_bar=False, say=again.append)
     assert cached and not any("no native bfloat16" in s for s in again), again
 
