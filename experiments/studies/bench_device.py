@@ -12,8 +12,11 @@ Rows:
   layer        read + write tokens/s of this layer at the paper's size (N = 262,144 slots, d = 768,
                d_k = d_v = 512, one head, top-8, C = 256, B × T = 4 × 2,048), and of the public PyTorch port
                (`fast-weight-product-key-memory` 0.2.2, when installed) on the same input; target ≥ 20×
+  layer×4, ×8  the same at 4 and 8 times the batch (diagnostic: a layer bound by kernel launches
+               gains in proportion to the batch, a GPU-bound one does not)
   step         one training step of the `paper` preset (FwPKM at layers 2, 6, 10) against its
                attention-only twin: ms, ratio (target ≤ 1.3×; the paper's code: ~2.8×), peak memory
+  step×4       the same at 4 times the batch (diagnostic)
   pretrain     tokens/s of the `small` preset's pretraining step at the reference bases' segment
                length (2,048), random tokens (the general corpus does not travel to a lent machine)
 
@@ -185,11 +188,21 @@ def main(dry_run: bool = False) -> int:
     port = "port not installed" if rates["port"] is None else \
         f"port {rates['port']:,.0f} tok/s, {rates['ours'] / rates['port']:.1f}×"
     rows.append(("layer", f"ours {rates['ours']:,.0f} tok/s; {port}", "≥ 20× the port"))
+    # The same at 4x and 8x the batch: the same kernel launches with more work in each, so a layer
+    # bound by the host (launches, syncs) gains in proportion and a GPU-bound one does not.
+    for scale in (4, 8):
+        b = size["batch"] * scale
+        r = layer_rates(device, {**size, "batch": b}, reps)
+        ratio = "" if r["port"] is None else f"; port {r['port']:,.0f} tok/s, {r['ours'] / r['port']:.1f}×"
+        rows.append((f"layer×{scale}", f"B = {b}: ours {r['ours']:,.0f} tok/s{ratio}", "(diagnostic)"))
     preset, batch, seq = ("small", 2, 64) if dry_run else ("paper", 4, 2048)
-    steps = step_times(device, preset, batch, seq, reps)
-    (fw, fw_mb), (att, att_mb) = steps["fwpkm"], steps["attention"]
-    memory = "" if fw_mb is None else f"; peak {fw_mb:,.0f} / {att_mb:,.0f} MB"
-    rows.append(("step", f"{preset}: {fw:,.1f} / {att:,.1f} ms = {fw / att:.2f}×{memory}", "≤ 1.3×"))
+    for scale in (1, 4):
+        steps = step_times(device, preset, batch * scale, seq, reps)
+        (fw, fw_mb), (att, att_mb) = steps["fwpkm"], steps["attention"]
+        memory = "" if fw_mb is None else f"; peak {fw_mb:,.0f} / {att_mb:,.0f} MB"
+        rows.append(("step" if scale == 1 else f"step×{scale}",
+                     f"{preset}, B = {batch * scale}: {fw:,.1f} / {att:,.1f} ms = {fw / att:.2f}×{memory}",
+                     "≤ 1.3×" if scale == 1 else "(diagnostic)"))
     batch, seq = (2, 128) if dry_run else (8, 2048)
     small = step_times(device, "small", batch, seq, reps)["fwpkm"][0]
     rows.append(("pretrain", f"small B × T = {batch} × {seq}: "

@@ -13,7 +13,8 @@ def test_the_dry_run_prints_every_row_with_measured_values(capsys):
     assert cli_main(["bench", "device", "--dry-run"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines()[2:]}
-    assert list(rows) == ["tests", "reference", "layer", "step", "pretrain"]
+    assert list(rows) == ["tests", "reference", "layer", "layer×4", "layer×8", "step", "step×4", "pretrain"]
+    assert "B = 8:" in rows["layer×4"] and "B = 16:" in rows["layer×8"] and "B = 8:" in rows["step×4"]
     error = float(re.search(r"max \|Δ\| (\S+)", rows["reference"]).group(1))
     assert 0 < error <= 1e-4  # float32 differs from float64, within the bar
     assert float(re.search(r"ours ([\d,]+) tok/s", rows["layer"]).group(1).replace(",", "")) > 0
