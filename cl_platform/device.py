@@ -20,7 +20,9 @@ plain DataLoaders that Lightning does not move: `to_device` moves each batch to 
 
 Lightning moves the model back to the CPU when a fit ends (`Strategy.teardown`), so strategy hooks
 between experiences (slot transfer, distillation, EWC's Fisher) run on the host; the next fit moves
-the model (fast weights included: they are buffers) to the device again.
+the model (fast weights included: they are buffers) to the device again, but not what a strategy
+made there: state that the steps read (slot transfer's banks, EWC's Fisher and anchor) moves to
+the reading tensor's device at its first use (found on an H200: test_every_strategy_on_cuda).
 """
 
 from __future__ import annotations
