@@ -198,17 +198,50 @@ class Attention(nn.Module):
         # replays it), on any device: the same draws on a GPU as on the CPU.
         return self.training and torch.rand((), device="cpu").item() < self.pswa_prob
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: "LayerCache | None" = None) -> Tensor:
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = _rope_cos_sin(T, self.head_dim, self.rope_base, x.device)  # (T, hd/2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, nh, T, hd)
+        start = cache.pos if cache is not None else 0  # absolute position of x's first token
+        cos, sin = _rope_cos_sin(start + T, self.head_dim, self.rope_base, x.device)  # (start + T, hd/2)
+        q, k = apply_rope(q, cos[start:], sin[start:]), apply_rope(k, cos[start:], sin[start:])  # (B, nh, T, hd)
+        if cache is not None:
+            return self.proj(self._cached(q, k, v, cache).transpose(1, 2).reshape(B, T, d))
         dropout_p = self.dropout if self.training else 0.0
         if self.uses_window() and T > self.window:
             y = sliding_window_attention(q, k, v, self.window, dropout_p)  # (B, nh, T, hd)
         else:  # a window at least T long is plain causal attention
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, d)))
+
+
+    def _cached(self, q: Tensor, k: Tensor, v: Tensor, cache: "LayerCache") -> Tensor:
+        """Attention of the new positions q, k, v (B, nh, T, hd) to the cached ones and to each
+        other; the cache then keeps what a later position may still see (the last window − 1
+        positions under a sliding window, every position under full attention)."""
+        if self.training:
+            raise RuntimeError("Attention: a decoding cache is for evaluation (model.eval()); training "
+                               "draws pSWA layers and dropout per forward")
+        if cache.k is not None:
+            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # (B, nh, P + T, hd)
+        T, P = q.shape[2], k.shape[2] - q.shape[2]
+        windowed = self.uses_window()
+        back = (torch.arange(T, device=q.device).unsqueeze(1) + P) - torch.arange(P + T, device=q.device)  # (T, P + T)
+        allowed = (back >= 0) & (back < self.window) if windowed else back >= 0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, nh, T, hd)
+        keep = min(self.window - 1, k.shape[2]) if windowed else k.shape[2]
+        cache.k, cache.v = k[:, :, k.shape[2] - keep:], v[:, :, k.shape[2] - keep:]
+        cache.pos += T
+        return y
+
+
+@dataclass
+class LayerCache:
+    """One attention layer's decoding state: the rotated keys and values (B, nh, P, hd) of the
+    positions a later token may still attend to, and `pos`, the tokens seen so far."""
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    pos: int = 0
 
 
 class MLP(nn.Module):
@@ -235,10 +268,10 @@ class Block(nn.Module):
         self.ffn_norm = nn.Identity() if has_pkm else RMSNorm(d)  # PKM norms its own input
         self.ffn = PKM(d, config.pkm) if has_pkm else MLP(config)
 
-    def forward(self, h: Tensor) -> Tensor:
+    def forward(self, h: Tensor, cache: LayerCache | None = None) -> Tensor:
         if self.fwpkm is not None:
             h = h + self.fwpkm(h)
-        h = h + self.attn(self.attn_norm(h))
+        h = h + self.attn(self.attn_norm(h), cache)
         return h + self.ffn(self.ffn_norm(h))
 
 
@@ -275,14 +308,28 @@ class FwPKMLM(nn.Module):
             else:
                 nn.init.normal_(block.ffn.out_proj.weight, std=residual_std)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, idx: Tensor, targets: Tensor | None = None,
+                cache: list[LayerCache] | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """idx (B, T) long -> logits (B, T, V), or (logits, mean token cross-entropy) with targets
-        (B, T) (IGNORE_INDEX for padding)."""
+        (B, T) (IGNORE_INDEX for padding).
+
+        `cache` (from `new_cache()`): idx continues the tokens this cache has seen, and the cache
+        is advanced past it: decoding a few tokens at a time gives the logits of one forward over
+        the whole sequence (to rounding). For reading only: every FwPKM layer must have writes
+        off, since a write is a step over a whole chunk that piecewise calls would not see."""
         if idx.dim() != 2:
             raise ValueError(f"FwPKMLM.forward: idx must be (B, T), got shape {tuple(idx.shape)}")
+        if cache is not None:
+            if len(cache) != len(self.blocks):
+                raise ValueError(f"FwPKMLM.forward: cache has {len(cache)} layers, the model {len(self.blocks)}")
+            writing = [layer.name for layer in self.fwpkm_layers()
+                       if layer.writes_enabled or layer.rule.persistence == "reset_per_call"]
+            if writing:
+                raise ValueError(f"FwPKMLM.forward: a decoding cache needs FwPKM writes off (set_writes(False)) "
+                                 f"and a memory that persists between calls; {', '.join(writing)} do not")
         h = self.drop(self.wte(idx))  # (B, T, d)
-        for block in self.blocks:
-            h = block(h)
+        for i, block in enumerate(self.blocks):
+            h = block(h, cache[i] if cache is not None else None)
         logits = self.lm_head(self.norm_f(h))  # (B, T, V)
         if targets is None:
             return logits
@@ -290,6 +337,10 @@ class FwPKMLM(nn.Module):
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
         )
         return logits, loss
+
+    def new_cache(self) -> list[LayerCache]:
+        """An empty decoding cache for `forward(idx, cache=...)`, one entry per layer."""
+        return [LayerCache() for _ in self.blocks]
 
     def fwpkm_layers(self) -> list[FwPKM]:
         return [block.fwpkm for block in self.blocks if block.fwpkm is not None]

@@ -56,13 +56,14 @@ def quiet(_):
     pass
 
 
-# Every strategy, composed: fast mode (replay's mixed batches, slot freezing's write mask, slot
+# Every strategy, composed: fast mode (replay's mixed batches and generated rows, slot freezing's write mask, slot
 # transfer's slow bank, distillation) and finetune mode (EWC's penalty, LwF's teacher), with
 # the memory recorder on.
 FAST = [{"name": "replay", "kwargs": {"size": 6, "policy": "reservoir", "ratio": 0.5}},
         {"name": "slot_freezing", "kwargs": {"fraction": 0.1, "budget": 0.3}},
         {"name": "slot_transfer", "kwargs": {"fraction": 0.1, "budget": 0.3}},
-        {"name": "distill", "kwargs": {"steps": 2, "batch_size": 2, "lr": 1e-3}}]
+        {"name": "distill", "kwargs": {"steps": 2, "batch_size": 2, "lr": 1e-3}},
+        {"name": "generative_replay", "kwargs": {"samples": 2, "length": 8, "ratio": 0.5}}]
 FINETUNE = [{"name": "ewc", "kwargs": {"lam": 1.0e3, "fisher_batches": 2, "batch_size": 2}},
             {"name": "lwf", "kwargs": {"alpha": 1.0}}]
 

@@ -35,6 +35,7 @@ CASES = {
     "slot_freezing": ("fast", {"fraction": 0.1, "budget": 0.3}),
     "slot_transfer": ("fast", {"fraction": 0.1, "budget": 0.3}),
     "distill": ("fast", {"steps": 3, "batch_size": 2, "lr": 1e-3}),
+    "generative_replay": ("fast", {"samples": 4, "length": 16, "ratio": 0.5}),
     # lam 1e3 moved row 2 by 1e-4 on one tiny base and by 6e-6 (rounding) on another; 1e5 by 2e-3-6e-3.
     "ewc": ("finetune", {"lam": 1.0e5, "fisher_batches": 2, "batch_size": 2}),
     "lwf": ("finetune", {"alpha": 1.0}),
@@ -64,6 +65,8 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
     if name == "slot_freezing":  # strategy.json: frozen slots owned per domain, 10 % of 256 per experience
         assert summary["name"] == name and summary["after_experience"] == 2
         assert summary["owned_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
+    if name == "generative_replay":  # 4 texts of 17 tokens kept after experience 1, none after the last (2)
+        assert summary["name"] == name and summary["generated_texts"] == {"1": 4} and summary["generated_tokens"] == 68
     if name == "slot_transfer":  # 10 % of 256 slots moved to the slow memory after each experience
         assert summary["name"] == name and summary["after_experience"] == 2
         assert summary["transferred_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
