@@ -3,7 +3,7 @@ experience ends, the FwPKM slots the finished domain used most specifically are 
 values, into a slow read-only memory of the same geometry that the layer reads beside the fast
 one; the fast rows are then freed (set to zero) for later domains.
 
-    strategy: {name: slot_transfer, kwargs: {fraction: 0.05, budget: 0.5, score: tfidf}}
+    strategy: {name: slot_transfer, kwargs: {fraction: 0.05, budget: 0.5, score: tfidf, correct: true}}
 
 - which slots: per layer, the top `fraction` of slots by the same scores as slot freezing
   (`strategies.slot_freezing.slot_scores`: TF-IDF of this experience's read counts against the
@@ -13,7 +13,12 @@ one; the fast rows are then freed (set to zero) for later domains.
   are at that moment and the transferred value rows; every other slot of a bank reads as zero.
   A bank is read with the layer's own queries by the same product-key lookup as the fast memory
   (top-k, softmax weights, heads averaged), and its read-out adds to the fast one
-  (`FwPKM.extra_read`); the fast writes then learn what the sum still misses;
+  (`FwPKM.extra_read`); with `correct` (the default) the fast writes then learn what the sum
+  still misses, so a later domain that lands on a transferred slot writes the difference between
+  its target and the slow content into the freed row and cancels that content for every reader
+  (experiments/LOG.md, 2026-12-01); with `correct: false` they learn as if the slow memory were
+  absent (`FwPKM.extra_corrected`), so the slow content stays in every read, the later domain's
+  included: the capacity of the slow memory is `budget`, the size of each transfer `fraction`;
 - freeing with zeros rather than fresh random rows makes the transfer exact: right after it, fast
   + slow read-outs equal the fast read-outs before it (tests/strategies/test_slot_transfer.py), so
   consolidation itself costs nothing; what it buys is that later writes no longer move those rows.
@@ -71,9 +76,11 @@ class SlowMemory:
 
 
 class SlotTransfer(Strategy):
-    def __init__(self, fraction: float = 0.05, budget: float = 0.5, score: str = "tfidf"):
+    def __init__(self, fraction: float = 0.05, budget: float = 0.5, score: str = "tfidf", correct: bool = True):
         check_slot_choice("slot_transfer", fraction, budget, score)
-        self.fraction, self.budget, self.score = float(fraction), float(budget), score
+        if not isinstance(correct, bool):
+            raise ValueError(f"slot_transfer: correct must be true or false, got {correct!r}")
+        self.fraction, self.budget, self.score, self.correct = float(fraction), float(budget), score, correct
         self.history: list[dict[str, Tensor]] = []  # per finished experience: read counts per layer
         self.banks: dict[str, list[dict[str, Any]]] = {}  # per layer: experience, domain, keys, ids, table
         self._attached: tuple[int, int] | None = None  # (id(model), banks built) last attached
@@ -95,6 +102,7 @@ class SlotTransfer(Strategy):
                 raise ValueError(f"slot_transfer: {layer.name} already reads another memory beside the fast one")
             banks = self.banks.get(layer.name, [])
             layer.extra_read = SlowMemory(banks, layer.config.num_slots, layer.config.topk) if banks else None
+            layer.extra_corrected = self.correct
         self._attached = version
 
     def on_experience_start(self, ctx: StrategyContext) -> None:

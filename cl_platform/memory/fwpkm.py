@@ -345,6 +345,7 @@ def fwpkm_chunked(
     name: str = "fwpkm",
     ranks: RankSum | None = None,
     extra: Tensor | None = None,
+    correct_extra: bool = True,
 ) -> ChunkedOutput:
     """Core FwPKM math over one call: chunked reads, each followed by that chunk's write.
 
@@ -356,7 +357,8 @@ def fwpkm_chunked(
     ≤ c (training through the writes) and the writes land together when the call ends.
     `ranks`: sum the writes (and read counts) over data-parallel ranks (see `RankSum`).
     `extra` (B, T, Dv): a read-out of another memory that adds to this one's (`FwPKM.extra_read`);
-    the writes then correct the sum, so this memory learns what the other does not hold.
+    with `correct_extra` the writes correct the sum, so this memory learns what the other does not
+    hold; without it they correct this memory's own read-out, as if the other were absent.
     Returns the read-outs, the addressing and the write statistics.
     """
     B, T, _ = q.shape
@@ -380,9 +382,10 @@ def fwpkm_chunked(
         uidx, inv, counts = torch.unique(flat_idx, return_inverse=True, return_counts=True)  # (U,), (P,), (U,)
         vhat = store.read(look.idx.view(-1, k), uidx, inv.view(-1, k), look.weights.reshape(-1, k))  # (B·L·H, Dv)
         vhat = vhat.view(B, L, H, -1).mean(2)  # heads share the table; their read-outs average
-        if extra is not None:
-            vhat = vhat + extra[:, c0:c1]
-        vhats.append(vhat)
+        read = vhat if extra is None else vhat + extra[:, c0:c1]
+        if correct_extra:
+            vhat = read  # the writes' error is the read-out's
+        vhats.append(read)
         looks.append(look)
         # Slots of the write: this call's own picks, or their union over ranks; `pick_row` maps
         # every pick to its row among them and `counts` becomes the global N_i.
@@ -467,7 +470,9 @@ class FwPKM(nn.Module):
     assert them).
     `extra_read`: None, or a callable (queries (B, T, H·Dk) → read-out (B, T, Dv)) of a read-only
     memory read beside the fast one (strategies/slot_transfer.py); its read-out adds to the fast
-    read-out and the fast writes correct the sum. Not part of the state_dict: its owner saves it.
+    read-out, and the fast writes correct the sum (`extra_corrected` True, the default) or the
+    fast read-out alone (False: the fast memory learns as if the other were absent, and the other's
+    content stays in every read). Not part of the state_dict: its owner saves both.
     `observer`: None, or a callable (layer, gates (B, T), slot ids (B, T, H, k), read weights
     (B, T, H, k)) told after every call which slots each token addressed (with the keys of its own
     chunk) and how far its gate opened; detached tensors, to read, never to change
@@ -484,6 +489,7 @@ class FwPKM(nn.Module):
         self.writes_enabled = True
         self.calls, self.writes = 0, 0
         self.extra_read = None
+        self.extra_corrected = True
         self.observer = None
         Dq = cfg.d_key * cfg.heads
         self.norm_q, self.norm_v, self.norm_g = RMSNorm(d_model), RMSNorm(d_model), RMSNorm(d_model)
@@ -589,6 +595,7 @@ class FwPKM(nn.Module):
             out = fwpkm_chunked(
                 q, v, g, self._state(), cfg, rule,
                 write=self.writes_enabled, name=self.name, ranks=data_parallel_reducer(), extra=extra,
+                correct_extra=self.extra_corrected,
             )
         self.calls += 1
         self.writes += out.addr_loss.numel()  # one addressing loss per chunk written

@@ -132,6 +132,37 @@ def test_fast_writes_learn_what_the_sum_misses():
     assert not torch.allclose(a.values, init_state(cfg, torch.Generator().manual_seed(4)).values)
 
 
+def test_uncorrected_fast_writes_ignore_the_other_memory_which_stays_in_the_read():
+    # correct_extra=False: the writes are those of the fast memory alone (the same state as a call
+    # without E), and the read-out is still its own + E.
+    cfg = FwPKMConfig(num_subkeys=4, d_key=8, d_value=8, topk=2)
+    rule = WriteRule(chunk=4, lr_values=0.5)
+    gen = torch.Generator().manual_seed(3)
+    q, v = torch.randn(2, 12, 8, generator=gen), torch.randn(2, 12, 8, generator=gen)
+    g, extra = torch.rand(2, 12, generator=gen), torch.randn(2, 12, 8, generator=gen)
+    from cl_platform.memory.fwpkm import init_state
+
+    a, b, c = (init_state(cfg, torch.Generator().manual_seed(4)) for _ in range(3))
+    out_a = fwpkm_chunked(q, v, g, a, cfg, rule, extra=extra, correct_extra=False)
+    out_b = fwpkm_chunked(q, v, g, b, cfg, rule)
+    fwpkm_chunked(q, v, g, c, cfg, rule, extra=extra)
+    assert torch.equal(a.values, b.values) and torch.equal(a.keys, b.keys)
+    assert torch.allclose(out_a.vhat, out_b.vhat + extra, atol=1e-6, rtol=0)
+    assert not torch.allclose(a.values, c.values)  # the corrected writes differ: the knob acts
+
+
+@pytest.mark.parametrize("correct", [True, False])
+def test_the_strategy_sets_the_layers_write_rule_for_the_slow_memory(correct):
+    model = tiny_model()
+    model.eval()
+    with torch.no_grad():
+        model(tokens())
+    s = SlotTransfer(fraction=0.25, budget=0.5, correct=correct)
+    end(s, model, 1, "math")
+    layer = model.fwpkm_layers()[0]
+    assert isinstance(layer.extra_read, SlowMemory) and layer.extra_corrected is correct
+
+
 def test_resume_reattaches_the_same_slow_memory():
     a_model, b_model = tiny_model(), tiny_model()
     x = tokens()
@@ -157,6 +188,7 @@ def test_resume_reattaches_the_same_slow_memory():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"fraction": 0}, "fraction"), ({"budget": 1.5}, "budget"), ({"score": "kl"}, "score"),
+    ({"correct": "no"}, "correct must be true or false"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
