@@ -58,9 +58,10 @@ def comparison_sections(comp: ComparisonInput) -> list[Section]:
         rows.append([entry, str(row.get("mode")), str(row.get("strategy")), ", ".join(map(str, row.get("seeds", []))),
                      *[mean_std(row.get(key), sign=signed) for key, (_, signed) in table.items()],
                      mean_std(row.get("final_perplexity"), 2),
-                     f"{num(row.get('relative_compute'), 2)}x", str(row.get("state_bytes"))])
+                     f"{num(row.get('relative_compute'), 2)}x", str(row.get("state_bytes")),
+                     str(row.get("stored_tokens", "–"))])  # older comparison.json files lack it
     heads = ["entry", "mode", "strategy", "seeds", *[label for label, _ in table.values()], "final perplexity",
-             "relative compute", "state bytes"]
+             "relative compute", "state bytes", "training tokens kept"]
     blocks: list = [
         Paragraph(f"Folder: {comp.path}. Seeds {seeds}; every cell is mean ± std over seeds (sample std; '–' with "
                   "one seed), loss in nats; compute = train + eval time relative to the first entry of the same mode."),

@@ -69,6 +69,7 @@ class Replay(Strategy):
             raise ValueError(f"replay: ratio must be in (0, 4] (buffered segments per current segment), got {ratio!r}")
         self.size, self.tokens, self.policy, self.ratio, self.seed = size, tokens, policy, float(ratio), int(seed)
         self.storage = None  # built on first use, when the segment length is known
+        self.seq_len: int | None = None  # tokens per segment, known from the first experience offered
 
     def check(self, model_config, mode, stream=None) -> None:
         if stream is None:
@@ -102,6 +103,7 @@ class Replay(Strategy):
     def add(self, experience: int, n_segments: int, seq_len: int) -> None:
         """Offer an experience's `n_segments` adapt segments to the storage policy."""
         ids = torch.stack([torch.full((n_segments,), experience, device=HOST), torch.arange(n_segments, device=HOST)], dim=1)
+        self.seq_len = seq_len
         storage = self._storage(seq_len)
         if self.policy == "reservoir":
             storage.update_from_dataset(_as_dataset(ids))
@@ -132,10 +134,12 @@ class Replay(Strategy):
                 for key, value in batch.items()}
 
     def summary(self) -> dict[str, Any]:
-        """Buffered segments per experience (1-based), as `strategy.json` shows them."""
+        """Buffered segments per experience (1-based), as `strategy.json` shows them, and
+        `stored_tokens`: the stream's tokens they hold (what `clp compare` shows as data kept)."""
         ids = self.buffered()
         exps, counts = torch.unique(ids[:, 0], return_counts=True) if len(ids) else ([], [])
-        return {"buffered_segments": {str(int(e)): int(c) for e, c in zip(exps, counts)}}
+        return {"buffered_segments": {str(int(e)): int(c) for e, c in zip(exps, counts)},
+                "stored_tokens": len(ids) * (self.seq_len or 0)}
 
     # --- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

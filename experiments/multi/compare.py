@@ -10,7 +10,7 @@ ordinary run (`experiments/run.py:execute`, its own folder, TensorBoard events a
 on the run config's cached base; a re-run finds finished members and continues killed ones, so
 the same command resumes a stopped comparison. Then per entry: mean ± std over seeds of the
 headline metrics (`analysis.metrics.summary`), the extra compute (training + evaluation wall time
-relative to the first entry of the same mode) and the strategy's state size; and, with more than
+relative to the first entry of the same mode) and the strategy's state size and the training data it keeps (replay's tokens); and, with more than
 one member an entry, each entry's paired difference from the first entry (member by member: the
 same base and seed), mean and 95 % t-interval over the pairs. The pairs are what tell strategies
 apart when the bases differ more than the strategies do (over `base_seeds`, the interval is
@@ -126,6 +126,22 @@ def state_bytes(folder: Path) -> int | None:
     return buf.tell()
 
 
+def stored_tokens(folder: Path) -> int:
+    """Tokens of training data the run's strategy keeps (replay's buffer), summed over the
+    `stored_tokens` its `strategy.json` reports (a composite nests them); 0 when none does:
+    the model's own samples, slot masks and slow banks are not data."""
+    path = folder / "strategy.json"
+    if not path.is_file():
+        return 0
+
+    def total(node: Any) -> int:
+        if isinstance(node, dict):
+            return sum(int(v) if k == "stored_tokens" else total(v) for k, v in node.items())
+        return 0
+
+    return total(json.loads(path.read_text(encoding="utf-8")))
+
+
 def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool = False) -> tuple[Path, dict]:
     from analysis.metrics import summary
     from cl_platform.config import load_config
@@ -157,7 +173,8 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
             seconds = sum(e.get("train", 0.0) + e.get("eval", 0.0) for e in timings.get("experiences", []))
             cfg = load_config(comp.run, [*overrides, *extra])
             member = {"seed": seed, "folder": str(folder), "mode": cfg.cl.mode, "strategy": cfg.strategy_name,
-                      "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder)}
+                      "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder),
+                      "stored_tokens": stored_tokens(folder)}
             if base is not None:
                 member["base_seed"] = base
             if order is not None:
@@ -221,6 +238,7 @@ def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dic
         row["seconds"] = seconds
         row["relative_compute"] = seconds / reference[row["mode"]] if reference[row["mode"]] else math.nan
         row["state_bytes"] = max((m["state_bytes"] or 0) for m in ms)
+        row["stored_tokens"] = max(m.get("stored_tokens", 0) for m in ms)
         out[entry] = row
     first, *others = members
     for entry in others:
@@ -256,18 +274,19 @@ def to_csv(table: dict[str, dict[str, Any]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["entry", "mode", "strategy", *[f"{m}_{s}" for m in (*METRICS, "final_perplexity") for s in ("mean", "std")],
-                "seconds", "relative_compute", "state_bytes"])
+                "seconds", "relative_compute", "state_bytes", "stored_tokens"])
     for entry, row in table.items():
         w.writerow([entry, row["mode"], row["strategy"],
                     *[row[m][s] for m in (*METRICS, "final_perplexity") for s in ("mean", "std")],
-                    row["seconds"], row["relative_compute"], row["state_bytes"]])
+                    row["seconds"], row["relative_compute"], row["state_bytes"], row["stored_tokens"]])
     return buf.getvalue()
 
 
 def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds: list[int] | None = None,
                  orders: list[list[str]] | None = None) -> str:
     # The registry's column heads, "average" abbreviated to fit the 20-character columns.
-    heads = [*[REGISTRY[m].column_label.replace("average", "avg") for m in METRICS], "final ppl", "compute", "state"]
+    heads = [*[REGISTRY[m].column_label.replace("average", "avg") for m in METRICS], "final ppl", "compute", "state",
+             "data kept"]
     over = " x ".join(([] if base_seeds is None else [f"base seeds {base_seeds}"])
                       + ([] if orders is None else [f"{len(orders)} orders"]) + [f"seeds {seeds}"])
     lines = [f"strategies, mean ± std over {over} (loss in nats; compute: train + eval time relative to "
@@ -278,6 +297,7 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
         cells.append(f"{row['final_perplexity']['mean']:.1f} ± {row['final_perplexity']['std']:.1f}")
         cells.append(f"{row['relative_compute']:.2f}x")
         cells.append(f"{row['state_bytes'] / 1e6:.2f} MB")
+        cells.append(f"{row['stored_tokens']:,} tokens" if row.get("stored_tokens") else "none")
         lines.append(f"{entry:>18s} {row['mode']:>9s} " + "".join(f"{c:>20s}" for c in cells))
     paired_rows = [(entry, row) for entry, row in table.items() if row.get("vs_first")]
     pairs = len(next(iter(paired_rows[0][1]["vs_first"].values()))["values"]) if paired_rows else 0

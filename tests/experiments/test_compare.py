@@ -34,6 +34,7 @@ def test_comparison_table_equals_the_members_and_reruns_train_nothing(tiny, tmp_
         assert len(gains) == 2
         assert table[entry]["adaptation_gain"]["mean"] == pytest.approx(sum(gains) / 2)
     assert table["naive"]["relative_compute"] == 1.0 and table["freeze"]["state_bytes"] > 0
+    assert table["naive"]["stored_tokens"] == table["freeze"]["stored_tokens"] == 0  # a slot mask is not data
     assert table["naive"]["adaptation_gain"]["mean"] != table["freeze"]["adaptation_gain"]["mean"]
     rows = list(csv.DictReader((out / "comparison.csv").open()))
     assert [r["entry"] for r in rows] == ["naive", "freeze"]
@@ -57,6 +58,17 @@ def test_comparison_table_equals_the_members_and_reruns_train_nothing(tiny, tmp_
     again = []
     run(load(write(tiny, tmp_path)), say=again.append)
     assert sum("already complete" in line for line in again) == 4
+
+
+def test_data_kept_is_the_replay_buffers_tokens_wherever_a_composite_nests_them(tmp_path):
+    from experiments.multi.compare import stored_tokens
+
+    assert stored_tokens(tmp_path) == 0  # no strategy.json
+    (tmp_path / "strategy.json").write_text(json.dumps({
+        "name": ["replay", "generative_replay"], "after_experience": 3,
+        "Replay#0": {"buffered_segments": {"1": 32, "2": 32}, "stored_tokens": 131072},
+        "GenerativeReplay#1": {"generated_texts": {"1": 32}, "generated_tokens": 16416}}))
+    assert stored_tokens(tmp_path) == 131072
 
 
 def test_paired_differences_match_members_by_base_and_seed_and_refuse_unmatched_ones():

@@ -40,7 +40,7 @@ def test_balanced_buffer_splits_the_room_evenly_and_holds_past_experiences_only(
     assert per_experience(s) == [10, 0, 0]
     s.on_experience_end(ctx_for(stream, 2))
     assert per_experience(s) == [5, 5, 0]
-    assert s.summary() == {"buffered_segments": {"1": 5, "2": 5}}
+    assert s.summary() == {"buffered_segments": {"1": 5, "2": 5}, "stored_tokens": 10 * 8}  # 10 segments of T = 8
     s.on_experience_end(ctx_for(stream, 3))
     assert sorted(per_experience(s)) == [3, 3, 4] and len(set(map(tuple, s.buffered().tolist()))) == 10
 
