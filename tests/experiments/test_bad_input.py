@@ -65,6 +65,8 @@ def nan_strategy(monkeypatch):
         ({"strategy": {"name": "distill", "kwargs": {"params": "pkm"}}}, ConfigError, ["'strategy'", "pkm_layers"]),
         ({"strategy": [{"name": "replay", "kwargs": {"size": 100000}}]}, ConfigError, ["'strategy'", "larger than the data"]),
         ({"strategy": [{"name": "naive"}, {"name": "lwf"}]}, ConfigError, ["'strategy[1]'", "finetune"]),
+        ({"strategy": {"name": "generative_replay", "kwargs": {"length": 33}}}, ConfigError,
+         ["'strategy'", "length 33 is longer than the stream's segments (32 tokens)"]),
         ({"model": {"fwpkm_layers": []}, "strategy": {"name": "slot_transfer"}}, ConfigError, ["no FwPKM layer"]),
         ({"cl": {"eval_memory": "keep"}}, ConfigError, ["cl.eval_memory", "'keep'"]),
         ({"cl": {"accelerator": "tpu"}}, ConfigError, ["cl.accelerator", "'tpu'", "auto"]),
