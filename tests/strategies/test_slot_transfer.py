@@ -5,7 +5,7 @@ writes learn what the sum misses (`fwpkm_chunked(extra=...)` against a shifted t
 import pytest
 import torch
 
-from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule, fwpkm_chunked
+from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule, fwpkm_chunked, init_state
 from cl_platform.model import FwPKMLM, ModelConfig
 from cl_platform.strategy import StrategyContext
 from strategies import get_strategy
@@ -112,15 +112,18 @@ def test_later_writes_leave_the_slow_memory_and_the_banks_add_up():
     assert torch.allclose(layer.extra_read(q), one[0] + one[1], atol=1e-6, rtol=0)
 
 
-def test_fast_writes_learn_what_the_sum_misses():
-    # With another memory's read-out E added, the fast memory writes as if its target were
-    # v_{t+1} - E_t (look-ahead): it learns the residual, and reads out its own + E.
-    cfg = FwPKMConfig(num_subkeys=4, d_key=8, d_value=8, topk=2)
-    rule = WriteRule(chunk=4, lr_values=0.5)
+def _write_inputs():
+    """A small layer config, a write rule, and q, v, g and another memory's read-out E for 2 × 12 tokens."""
     gen = torch.Generator().manual_seed(3)
     q, v = torch.randn(2, 12, 8, generator=gen), torch.randn(2, 12, 8, generator=gen)
     g, extra = torch.rand(2, 12, generator=gen), torch.randn(2, 12, 8, generator=gen)
-    from cl_platform.memory.fwpkm import init_state
+    return FwPKMConfig(num_subkeys=4, d_key=8, d_value=8, topk=2), WriteRule(chunk=4, lr_values=0.5), q, v, g, extra
+
+
+def test_fast_writes_learn_what_the_sum_misses():
+    # With another memory's read-out E added, the fast memory writes as if its target were
+    # v_{t+1} - E_t (look-ahead): it learns the residual, and reads out its own + E.
+    cfg, rule, q, v, g, extra = _write_inputs()
 
     a, b = init_state(cfg, torch.Generator().manual_seed(4)), init_state(cfg, torch.Generator().manual_seed(4))
     out_a = fwpkm_chunked(q, v, g, a, cfg, rule, extra=extra)
@@ -135,12 +138,7 @@ def test_fast_writes_learn_what_the_sum_misses():
 def test_uncorrected_fast_writes_ignore_the_other_memory_which_stays_in_the_read():
     # correct_extra=False: the writes are those of the fast memory alone (the same state as a call
     # without E), and the read-out is still its own + E.
-    cfg = FwPKMConfig(num_subkeys=4, d_key=8, d_value=8, topk=2)
-    rule = WriteRule(chunk=4, lr_values=0.5)
-    gen = torch.Generator().manual_seed(3)
-    q, v = torch.randn(2, 12, 8, generator=gen), torch.randn(2, 12, 8, generator=gen)
-    g, extra = torch.rand(2, 12, generator=gen), torch.randn(2, 12, 8, generator=gen)
-    from cl_platform.memory.fwpkm import init_state
+    cfg, rule, q, v, g, extra = _write_inputs()
 
     a, b, c = (init_state(cfg, torch.Generator().manual_seed(4)) for _ in range(3))
     out_a = fwpkm_chunked(q, v, g, a, cfg, rule, extra=extra, correct_extra=False)
