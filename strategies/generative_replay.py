@@ -28,9 +28,6 @@ from cl_platform.device import HOST
 from cl_platform.sample import sample
 from cl_platform.strategy import Batch, Strategy, StrategyContext
 
-EOT_ID = 0  # `<|endoftext|>` in the project's tokenizers (streams/tokenizer.py)
-
-
 class GenerativeReplay(Strategy):
     def __init__(self, samples: int = 32, length: int = 512, ratio: float = 0.5, temperature: float = 1.0,
                  seed: int = 0):
@@ -56,8 +53,9 @@ class GenerativeReplay(Strategy):
     def on_experience_end(self, ctx: StrategyContext) -> None:
         if ctx.num_experiences and ctx.experience >= ctx.num_experiences:
             return
+        eot = ctx.require("current", "generative_replay").data.segments.eot_id  # the stream's <|endoftext|>
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + ctx.experience)
-        texts = sample(ctx.model, self.samples, self.length, generator=g, temperature=self.temperature, start=EOT_ID)
+        texts = sample(ctx.model, self.samples, self.length, generator=g, temperature=self.temperature, start=eot)
         self.texts[ctx.experience] = texts.to(torch.int32)
 
     def pool(self) -> torch.Tensor:
@@ -83,9 +81,9 @@ class GenerativeReplay(Strategy):
         if len(rows) == 0:
             return batch
         inputs, targets = rows[:, :-1], rows[:, 1:]
-        extra = {"input_ids": inputs, "targets": targets,
-                 # each generated text is a document of its row; it starts at its <|endoftext|>
-                 "doc_index": (inputs == EOT_ID).long().cumsum(1) - 1, "doc_start": inputs == EOT_ID}
+        starts = inputs == rows[:1, :1]  # every row begins with a text, and every text with <|endoftext|>
+        # each generated text is a document of its row, starting at its <|endoftext|> (as packing marks them)
+        extra = {"input_ids": inputs, "targets": targets, "doc_index": starts.long().cumsum(1) - 1, "doc_start": starts}
         missing = set(batch) - set(extra)
         if missing:
             raise ValueError(f"generative_replay: cannot make generated rows for batch fields {sorted(missing)}")

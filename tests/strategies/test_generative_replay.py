@@ -13,9 +13,10 @@ from cl_platform.sample import sample
 from cl_platform.strategy import StrategyContext
 from streams.packing import PackedSegments
 from strategies import get_strategy
-from strategies.generative_replay import EOT_ID, GenerativeReplay
+from strategies.generative_replay import GenerativeReplay
 
 V, T = 61, 24
+EOT_ID = 0  # the fake stream's <|endoftext|>
 
 
 def _model() -> FwPKMLM:
@@ -29,7 +30,7 @@ def fake_stream(n_exps=3, n_segments=4):
     exps = []
     for t in range(1, n_exps + 1):
         tokens = np.full((n_segments, T + 1), 100 + t)  # no stream token is below 100 ...
-        segments = PackedSegments(tokens, np.zeros_like(tokens), eot_id=-1, domain=f"d{t}", split="adapt")
+        segments = PackedSegments(tokens, np.zeros_like(tokens), eot_id=EOT_ID, domain=f"d{t}", split="adapt")
         exps.append(SimpleNamespace(data=SimpleNamespace(segments=segments), domain=f"d{t}"))
     return exps
 
