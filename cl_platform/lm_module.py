@@ -297,7 +297,8 @@ class LMModule(L.LightningModule):
 
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if batch_idx == 0:
-            self._session.start_domain()
+            names = self.eval_domains or [str(i) for i in range(dataloader_idx + 1)]
+            self._session.start_domain(self.strategy.eval_memory(names[dataloader_idx]))
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         loss_sum, count, per_token = self._token_losses(batch)
@@ -351,7 +352,7 @@ class LMModule(L.LightningModule):
         try:
             with torch.no_grad():
                 for name, loader in loaders.items():
-                    session.start_domain()
+                    session.start_domain(self.strategy.eval_memory(name))
                     loss_sum, count = 0.0, 0
                     for batch in loader:
                         s, n = self.token_loss_sum(to_device(batch, device))

@@ -38,14 +38,21 @@ class MemorySession:
         self.model = model
         self.writes = writes
         self._memory = model.snapshot_memory()
+        self._routed = False  # the last domain read a routed memory instead of the saved one
         self._writes_enabled = [layer.writes_enabled for layer in model.fwpkm_layers()]
         for layer in model.fwpkm_layers():
             layer.writes_enabled = writes
 
-    def start_domain(self) -> None:
-        """Before the first batch of each domain: with writes on, start from the saved memory."""
-        if self.writes:
+    def start_domain(self, memory=None) -> None:
+        """Before the first batch of each domain: start from `memory` where one is given (a
+        strategy's routing, `Strategy.eval_memory`), else, with writes on or after a routed
+        domain, from the saved memory; with writes off the memory is then the saved one anyway."""
+        if memory is not None:
+            self.model.restore_memory(memory)
+            self._routed = True
+        elif self.writes or self._routed:
             self.model.restore_memory(self._memory)
+            self._routed = False
 
     def close(self) -> None:
         self.model.restore_memory(self._memory)

@@ -13,6 +13,9 @@ of its own. Order of calls within one experience t:
         after_backward(ctx)                          # e.g. mask gradients
     on_experience_end(ctx)                           # e.g. consolidate, store replay data
 
+and, in every evaluation, `eval_memory(domain)` before each domain is read: the memory that
+domain reads (None, the default: the model's own; per-domain experts route each domain to its own).
+
 Extra loss terms are *returned*, never added to a shared loss object, so the module can log each
 one and a composite of strategies cannot silently overwrite another's term. `after_backward` and
 `extra_losses` only run on batches that take an outer-optimiser step (none in 'fast' mode, where
@@ -86,6 +89,10 @@ class Strategy:
     `state_dict` / `load_state_dict` so that a resumed run continues exactly.
     """
 
+    # True where `eval_memory` may return a memory: the run refuses it under the `reset` eval
+    # policy (whose control is the re-drawn table a routed memory would replace).
+    routes_eval_memory: bool = False
+
     def check(self, model_config: Any, mode: Mode, stream: Any = None) -> None:
         """Refuse, with a ValueError saying why, a model (its `ModelConfig`), a mode or a stream
         (a sequence of experiences; None when not at hand) this strategy cannot work with. The
@@ -114,6 +121,11 @@ class Strategy:
     def after_backward(self, ctx: StrategyContext) -> None:
         """After gradients are computed, before the optimiser step."""
 
+    def eval_memory(self, domain: str) -> Any:
+        """The memory (a `model.snapshot_memory()` list) evaluation reads for `domain`, or None
+        for the model's own. Evaluation restores the model's memory afterwards whatever it reads."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """What the strategy did, JSON-serialisable (e.g. frozen slots owned per domain); the
         runner writes it to the run folder's `strategy.json` after every experience."""
@@ -141,6 +153,10 @@ class CompositeStrategy(Strategy):
 
     def __init__(self, strategies: list[Strategy]):
         self.strategies = list(strategies)
+        routers = [type(s).__name__ for s in self.strategies if s.routes_eval_memory]
+        if len(routers) > 1:
+            raise ValueError(f"strategies {routers} each choose the memory evaluation reads; compose at most one")
+        self.routes_eval_memory = bool(routers)
 
     def check(self, model_config: Any, mode: Mode, stream: Any = None) -> None:
         for strategy in self.strategies:
@@ -178,6 +194,12 @@ class CompositeStrategy(Strategy):
     def after_backward(self, ctx: StrategyContext) -> None:
         for strategy in self.strategies:
             strategy.after_backward(ctx)
+
+    def eval_memory(self, domain: str) -> Any:
+        for strategy in self.strategies:  # at most one routes (refused at construction otherwise)
+            if strategy.routes_eval_memory:
+                return strategy.eval_memory(domain)
+        return None
 
     def summary(self) -> dict[str, Any]:
         return {type(s).__name__ + f"#{i}": s.summary() for i, s in enumerate(self.strategies)}

@@ -104,7 +104,14 @@ def make_strategy(setup: Setup):
 
     members = [_make_one(spec, where, setup) for where, spec in setup.config.strategy_fields]
     # One strategy runs as itself (its checkpoint state is its own, as before lists existed).
-    return members[0] if len(members) == 1 else CompositeStrategy(members)
+    try:
+        strategy = members[0] if len(members) == 1 else CompositeStrategy(members)
+    except ValueError as err:
+        raise ConfigError(f"{setup.config_path}: run config field 'strategy': {err}") from None
+    if strategy.routes_eval_memory and setup.config.cl.eval_memory == "reset":
+        raise ConfigError(f"{setup.config_path}: run config field 'cl.eval_memory': 'reset' re-draws the memory "
+                          f"that the strategy's routing would replace; use 'frozen' or 'stream'")
+    return strategy
 
 
 def _make_one(spec, where: str, setup: Setup):

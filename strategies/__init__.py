@@ -9,6 +9,7 @@ from typing import Any
 from cl_platform.strategy import Strategy
 from strategies.distill import Distill
 from strategies.ewc import EWC
+from strategies.experts import Experts
 from strategies.generative_replay import GenerativeReplay
 from strategies.lwf import LwF
 from strategies.naive import NaiveStrategy
@@ -20,6 +21,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "naive": NaiveStrategy,
     "distill": Distill,
     "ewc": EWC,
+    "experts": Experts,
     "generative_replay": GenerativeReplay,
     "lwf": LwF,
     "replay": Replay,

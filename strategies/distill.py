@@ -2,7 +2,8 @@
 to predict, without what the fast memory learned in that experience, what the model predicts with
 it, on the experience's own segments; later domains may then overwrite the memory.
 
-    strategy: {name: distill, kwargs: {params: mlp, steps: 20, batch_size: 4, lr: 1.0e-3, after: keep}}
+    strategy: {name: distill, kwargs: {params: mlp, steps: 20, batch_size: 4, lr: 1.0e-3, after: keep,
+                                       retain: 1.0, anchors: 16, anchor_length: 512}}
 
 - teacher: the model with its memory as the experience left it (writes off);
 - student: the same model with its memory as the experience found it (snapshot at its start;
@@ -14,7 +15,16 @@ it, on the experience's own segments; later domains may then overwrite the memor
 - `params`: which slow weights learn — `mlp` (the dense MLPs), `pkm` (a static PKM's value rows),
   `all` (every slow parameter);
 - `after`: `keep` the memory as adapted, or `reset` it to the experience's starting state (the
-  consolidated fast content is dropped; the slots are free for later domains).
+  consolidated fast content is dropped; the slots are free for later domains);
+- `retain` (retention term, 0 = none): every step adds `retain` · KL(previous ‖ student) on
+  `batch_size` of `anchors` texts of `anchor_length` tokens that the model writes itself, from
+  `<|endoftext|>`, when the experience ends, with its memory as the experience found it
+  (`cl_platform/sample.py`; no stream token is kept). "previous" is the slow weights as this
+  consolidation found them, with that same memory: the student must learn the new domain without
+  changing what the model said before it (LwF's anchor, Li & Hoiem 2017, on self-generated
+  inputs as in pseudo-rehearsal). The previous weights' logits are recomputed per step
+  (`torch.func.functional_call` with a copy of the chosen weights: MBs, where the logits of all
+  anchors would take anchors × length × V floats).
 
 `fast` mode only (in `finetune` the slow weights learn anyway). The slow weights changed here are
 saved with the model in every later checkpoint; the starting-state snapshot is the strategy's
@@ -28,6 +38,7 @@ from typing import Any
 import torch
 
 from cl_platform.device import HOST, model_device
+from cl_platform.sample import sample
 from cl_platform.strategy import Strategy, StrategyContext
 from strategies.lwf import token_kl
 
@@ -52,21 +63,32 @@ def chosen_parameters(model, which: str) -> tuple[list, list]:
 
 class Distill(Strategy):
     def __init__(self, params: str = "mlp", steps: int = 20, batch_size: int = 4, lr: float = 1e-3,
-                 after: str = "keep", seed: int = 0):
+                 after: str = "keep", retain: float = 0.0, anchors: int = 16, anchor_length: int = 512,
+                 seed: int = 0):
         if params not in PARAMS:
             raise ValueError(f"distill: params must be one of {PARAMS}, got {params!r}")
         if after not in AFTER:
             raise ValueError(f"distill: after must be one of {AFTER}, got {after!r}")
-        for name, value in (("steps", steps), ("batch_size", batch_size)):
+        for name, value in (("steps", steps), ("batch_size", batch_size), ("anchors", anchors),
+                            ("anchor_length", anchor_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"distill: {name} must be a positive int, got {value!r}")
         if not (isinstance(lr, (int, float)) and lr > 0):
             raise ValueError(f"distill: lr must be a number > 0, got {lr!r}")
+        if isinstance(retain, bool) or not (isinstance(retain, (int, float)) and retain >= 0):
+            raise ValueError(f"distill: retain must be a number >= 0 (the retention term's weight), got {retain!r}")
         self.params, self.steps, self.batch_size, self.lr, self.after, self.seed = params, steps, batch_size, float(lr), after, seed
+        self.retain, self.anchors, self.anchor_length = float(retain), anchors, anchor_length
         self.before = None  # the memory as the current experience found it
-        self.losses: list[list[float]] = []  # per consolidation: the KL at every step
+        self.losses: list[list[float]] = []  # per consolidation: the new-domain KL at every step
+        self.retained: list[list[float]] = []  # per consolidation: the retention KL at every step (retain > 0)
 
     def check(self, model_config, mode, stream=None) -> None:
+        if stream is not None and self.retain > 0:
+            seq_len = list(stream)[0].data.segments.seq_len
+            if self.anchor_length > seq_len:
+                raise ValueError(f"distill: anchor_length {self.anchor_length} is longer than the stream's segments "
+                                 f"({seq_len} tokens), the longest text the model was trained to read")
         if mode != "fast":
             raise ValueError("distill consolidates fast memory into frozen slow weights: 'fast' mode only "
                              "(in 'finetune' the slow weights learn anyway)")
@@ -82,21 +104,40 @@ class Distill(Strategy):
         self.check(ctx.model.config, ctx.mode)
         self.before = ctx.model.snapshot_memory()
 
-    def consolidate(self, model, segments, experience: int = 0) -> list[float]:
+    def anchor_texts(self, model, experience: int, start: int) -> torch.Tensor:
+        """(anchors, anchor_length + 1) the texts the model writes with its memory as the
+        experience found it (the memory is put back as adapted)."""
+        adapted = model.snapshot_memory()
+        model.restore_memory(self.before)
+        try:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + experience + 500_009)
+            return sample(model, self.anchors, self.anchor_length, generator=g, start=start)
+        finally:
+            model.restore_memory(adapted)
+
+    def consolidate(self, model, segments, experience: int = 0, start: int = 0) -> list[float]:
         """Train the chosen slow weights on `segments` (a PackedSegments-like sequence of dicts);
-        returns the KL at every step. The model's memory ends as `after` says."""
+        returns the new-domain KL at every step (the retention KL goes to `self.retained`). The
+        model's memory ends as `after` says. `start`: the token the anchor texts begin with."""
         dense, sparse = chosen_parameters(model, self.params)
         if not dense and not sparse:
             raise ValueError(f"distill: the model has no parameters for params={self.params!r}")
         adapted = model.snapshot_memory()
         trainable = dense + sparse
+        device = model_device(model)
+        if self.retain > 0:
+            texts = self.anchor_texts(model, experience, start).to(device)
+            ids = {id(p) for p in trainable}
+            previous = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in ids}
+            # its own generator: the new-domain draws are those of retain = 0
+            g_anchor = torch.Generator().manual_seed(self.seed * 1_000_003 + experience + 1_000_033)
+        retained = []
         flags = [p.requires_grad for p in trainable]
         for p in trainable:
             p.requires_grad_(True)
         opts = ([torch.optim.AdamW(dense, lr=self.lr, weight_decay=0.0)] if dense else []) + \
                ([torch.optim.SGD(sparse, lr=self.lr * 100)] if sparse else [])  # lazy rows want larger steps
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + experience)
-        device = model_device(model)
         was_training = model.training
         model.eval()
         model.set_writes(False)
@@ -113,9 +154,20 @@ class Distill(Strategy):
                     teacher = model(x)
                 model.restore_memory(self.before)
                 loss = token_kl(teacher, model(x), y, 1.0)
+                total = loss
+                if self.retain > 0:
+                    pick = torch.randint(0, len(texts), (min(self.batch_size, len(texts)),), generator=g_anchor,
+                                         device=HOST)
+                    a = texts[pick.to(device)]
+                    xa, ya = a[:, :-1], a[:, 1:]
+                    with torch.no_grad():  # the memory is still as the experience found it
+                        anchor = torch.func.functional_call(model, previous, (xa,), strict=False)
+                    kept = token_kl(anchor, model(xa), ya, 1.0)
+                    total = loss + self.retain * kept
+                    retained.append(float(kept.detach()))
                 for opt in opts:
                     opt.zero_grad(set_to_none=True)
-                loss.backward()
+                total.backward()
                 for opt in opts:
                     opt.step()
                 losses.append(float(loss.detach()))
@@ -126,24 +178,32 @@ class Distill(Strategy):
             model.set_writes(True)
             model.train(was_training)
             model.restore_memory(adapted if self.after == "keep" else self.before)
+        if self.retain > 0:
+            self.retained.append(retained)
         return losses
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
         segments = ctx.require("current", "distill").data.segments
-        self.losses.append(self.consolidate(ctx.model, segments, ctx.experience))
+        start = segments.eot_id if self.retain > 0 else 0  # the stream's <|endoftext|>: texts begin as documents do
+        self.losses.append(self.consolidate(ctx.model, segments, ctx.experience, start))
         self.before = None
 
     def summary(self) -> dict[str, Any]:
-        return {"distill_kl_first_last": [[ls[0], ls[-1]] for ls in self.losses if ls]}
+        out = {"distill_kl_first_last": [[ls[0], ls[-1]] for ls in self.losses if ls]}
+        if self.retain > 0:
+            out["retention_kl_first_last"] = [[ls[0], ls[-1]] for ls in self.retained if ls]
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         before = None if self.before is None else [tuple(t.clone() for t in s) for s in self.before]
-        return {"before": before, "losses": [list(ls) for ls in self.losses]}
+        return {"before": before, "losses": [list(ls) for ls in self.losses],
+                "retained": [list(ls) for ls in self.retained]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"before", "losses"}:
-            raise ValueError(f"distill: state has keys {sorted(state)}, expected ['before', 'losses']")
+        if set(state) != {"before", "losses", "retained"}:
+            raise ValueError(f"distill: state has keys {sorted(state)}, expected ['before', 'losses', 'retained']")
         from cl_platform.memory.fwpkm import FastWeightState
 
         self.before = None if state["before"] is None else [FastWeightState(*s) for s in state["before"]]
         self.losses = [list(ls) for ls in state["losses"]]
+        self.retained = [list(ls) for ls in state["retained"]]

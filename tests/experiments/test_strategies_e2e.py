@@ -34,8 +34,10 @@ CASES = {
     "replay": ("fast", {"size": 6, "policy": "reservoir", "ratio": 0.5}),
     "slot_freezing": ("fast", {"fraction": 0.1, "budget": 0.3}),
     "slot_transfer": ("fast", {"fraction": 0.1, "budget": 0.3}),
-    "distill": ("fast", {"steps": 3, "batch_size": 2, "lr": 1e-3}),
+    # with the retention term: its anchor texts and KLs are part of the state a resume restores
+    "distill": ("fast", {"steps": 3, "batch_size": 2, "lr": 1e-3, "retain": 1.0, "anchors": 2, "anchor_length": 8}),
     "generative_replay": ("fast", {"samples": 4, "length": 16, "ratio": 0.5}),
+    "experts": ("fast", {}),
     # lam 1e3 moved row 2 by 1e-4 on one tiny base and by 6e-6 (rounding) on another; 1e5 by 2e-3-6e-3.
     "ewc": ("finetune", {"lam": 1.0e5, "fisher_batches": 2, "batch_size": 2}),
     "lwf": ("finetune", {"alpha": 1.0}),
@@ -67,6 +69,10 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
         assert summary["owned_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
     if name == "generative_replay":  # 4 texts of 17 tokens kept after experience 1, none after the last (2)
         assert summary["name"] == name and summary["generated_texts"] == {"1": 4} and summary["generated_tokens"] == 68
+    if name == "experts":  # the first domain, read through its own kept memory, never moves
+        assert summary["experts"] == sorted(a.matrix.experiences)
+        first = a.matrix.domains.index(a.matrix.experiences[0])
+        assert a.matrix.values[2, first] == a.matrix.values[1, first]
     if name == "slot_transfer":  # 10 % of 256 slots moved to the slow memory after each experience
         assert summary["name"] == name and summary["after_experience"] == 2
         assert summary["transferred_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
@@ -76,7 +82,7 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
     # when experience 1 ends too, but exactly (fast + slow read-outs equal the fast ones before
     # it), so row 1 equals naive's up to float rounding — bit-equal on some CPUs, not on others —
     # and its effect is in row 2: experience 2's writes no longer move the transferred rows.
-    acts_from = 1 if name == "distill" else 2
+    acts_from = 1 if name in ("distill", "experts") else 2  # experts: an unseen domain reads the fresh memory
     if name == "slot_transfer":
         assert np.allclose(ref.matrix.values[1], a.matrix.values[1], atol=1e-5, rtol=0)
     else:
