@@ -36,16 +36,22 @@ def adapt(model, segs):
             model(s["input_ids"][None])
 
 
-@pytest.mark.parametrize("after", ["keep", "reset"])
-def test_kl_falls_only_mlps_move_and_memory_ends_as_asked(after):
-    model, segs = setup()
-    s = Distill(params="mlp", steps=25, batch_size=3, lr=3e-3, after=after)
+def adapted_experience(strategy, seed=0):
+    """(model, segments, context, memory before, memory after) of experience 1 started under
+    `strategy` and adapted on its segments, not yet ended."""
+    model, segs = setup(seed)
     ctx = StrategyContext(model=model, experience=1, domain="math", mode="fast",
                           current=SimpleNamespace(data=SimpleNamespace(segments=segs)))
-    s.on_experience_start(ctx)
+    strategy.on_experience_start(ctx)
     before = model.snapshot_memory()
     adapt(model, segs)
-    adapted = model.snapshot_memory()
+    return model, segs, ctx, before, model.snapshot_memory()
+
+
+@pytest.mark.parametrize("after", ["keep", "reset"])
+def test_kl_falls_only_mlps_move_and_memory_ends_as_asked(after):
+    s = Distill(params="mlp", steps=25, batch_size=3, lr=3e-3, after=after)
+    model, segs, ctx, before, adapted = adapted_experience(s)
     slow = {n: p.clone() for n, p in model.named_parameters()}
     s.on_experience_end(ctx)
     losses = s.losses[-1]
@@ -93,14 +99,8 @@ def test_resume_mid_experience_consolidates_the_same_way():
 
 def consolidated(retain, steps=12, lr=3e-3, seed=0):
     """(strategy, model, memory before, adapted memory, slow weights before) after one consolidation."""
-    model, segs = setup(seed)
     s = Distill(params="mlp", steps=steps, batch_size=3, lr=lr, retain=retain, anchors=6, anchor_length=12)
-    ctx = StrategyContext(model=model, experience=1, domain="math", mode="fast",
-                          current=SimpleNamespace(data=SimpleNamespace(segments=segs)))
-    s.on_experience_start(ctx)
-    before = model.snapshot_memory()
-    adapt(model, segs)
-    adapted = model.snapshot_memory()
+    model, segs, ctx, before, adapted = adapted_experience(s, seed)
     slow = copy.deepcopy(model)
     s.losses.append(s.consolidate(model, segs, experience=1, start=0))
     return s, model, before, adapted, slow
