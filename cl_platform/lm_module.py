@@ -297,8 +297,8 @@ class LMModule(L.LightningModule):
 
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if batch_idx == 0:
-            names = self.eval_domains or [str(i) for i in range(dataloader_idx + 1)]
-            self._session.start_domain(self.strategy.eval_memory(names[dataloader_idx]))
+            name = self.eval_domains[dataloader_idx] if self.eval_domains else str(dataloader_idx)
+            self._session.start_domain(self.strategy.eval_memory(name))
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         loss_sum, count, per_token = self._token_losses(batch)

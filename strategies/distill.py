@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from cl_platform.device import HOST, model_device
+from cl_platform.memory.fwpkm import memory_from_state, memory_to_state
 from cl_platform.sample import sample
 from cl_platform.strategy import Strategy, StrategyContext
 from strategies.lwf import token_kl
@@ -195,15 +196,12 @@ class Distill(Strategy):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        before = None if self.before is None else [tuple(t.clone() for t in s) for s in self.before]
-        return {"before": before, "losses": [list(ls) for ls in self.losses],
+        return {"before": memory_to_state(self.before), "losses": [list(ls) for ls in self.losses],
                 "retained": [list(ls) for ls in self.retained]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != {"before", "losses", "retained"}:
             raise ValueError(f"distill: state has keys {sorted(state)}, expected ['before', 'losses', 'retained']")
-        from cl_platform.memory.fwpkm import FastWeightState
-
-        self.before = None if state["before"] is None else [FastWeightState(*s) for s in state["before"]]
+        self.before = memory_from_state(state["before"])
         self.losses = [list(ls) for ls in state["losses"]]
         self.retained = [list(ls) for ls in state["retained"]]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_platform.memory.fwpkm import FastWeightState
+from cl_platform.memory.fwpkm import FastWeightState, memory_from_state, memory_to_state
 from cl_platform.strategy import Strategy, StrategyContext
 
 
@@ -69,13 +69,12 @@ class Experts(Strategy):
         return {"experts": sorted(self.kept), "bytes": int(size)}
 
     def state_dict(self) -> dict[str, Any]:
-        copy = lambda snap: None if snap is None else [tuple(t.clone() for t in s) for s in snap]  # noqa: E731
-        return {"fresh": copy(self.fresh), "kept": {d: copy(s) for d, s in self.kept.items()}, "training": self.training}
+        return {"fresh": memory_to_state(self.fresh), "kept": {d: memory_to_state(s) for d, s in self.kept.items()},
+                "training": self.training}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != {"fresh", "kept", "training"}:
             raise ValueError(f"experts: state has keys {sorted(state)}, expected ['fresh', 'kept', 'training']")
-        load = lambda snap: None if snap is None else [FastWeightState(*(t.clone() for t in s)) for s in snap]  # noqa: E731
-        self.fresh = load(state["fresh"])
-        self.kept = {d: load(s) for d, s in state["kept"].items()}
+        self.fresh = memory_from_state(state["fresh"])
+        self.kept = {d: memory_from_state(s) for d, s in state["kept"].items()}
         self.training = state["training"]

@@ -105,6 +105,16 @@ class FastWeightState(NamedTuple):
     write_mask: Tensor  # (N,) bool; False rows never change
 
 
+def memory_to_state(snapshot: list[FastWeightState] | None) -> list[tuple] | None:
+    """A `snapshot_memory()` list as plain tuples of copies, for a strategy's `state_dict`."""
+    return None if snapshot is None else [tuple(t.clone() for t in s) for s in snapshot]
+
+
+def memory_from_state(state: list[tuple] | None) -> list[FastWeightState] | None:
+    """The inverse of `memory_to_state`."""
+    return None if state is None else [FastWeightState(*(t.clone() for t in s)) for s in state]
+
+
 class NonFiniteWriteError(FloatingPointError):
     """A write produced NaN/inf; raised before it touches the memory."""
 
