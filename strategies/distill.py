@@ -3,15 +3,19 @@ to predict, without what the fast memory learned in that experience, what the mo
 it, on the experience's own segments; later domains may then overwrite the memory.
 
     strategy: {name: distill, kwargs: {params: mlp, steps: 20, batch_size: 4, lr: 1.0e-3, after: keep,
-                                       retain: 1.0, anchors: 16, anchor_length: 512}}
+                                       retain: 1.0, anchors: 16, anchor_length: 512, inputs: adapt}}
 
 - teacher: the model with its memory as the experience left it (writes off);
 - student: the same model with its memory as the experience found it (snapshot at its start;
   writes off), so the slow weights must carry what the memory added;
 - loss: per-token KL(teacher ‖ student) (`strategies.lwf.token_kl`, T = 1), `steps` AdamW steps
-  (SGD for a static PKM's sparse value rows) on `batch_size` segments drawn from the experience's
-  adapt split, seeded; the teacher's logits are computed per step (holding them would take
-  segments × T × V floats);
+  (SGD for a static PKM's sparse value rows) on `batch_size` inputs drawn per step, seeded; the
+  teacher's logits are computed per step (holding them would take inputs × T × V floats);
+- `inputs`: what the two models read — `adapt`, the experience's adapt segments (the segments the
+  memory was written on, so the targets hold what it memorised of them as well as what it learned
+  of the domain), or `samples`, `anchors` texts of `anchor_length` tokens that the teacher writes
+  itself when the experience ends (`cl_platform/sample.py`, from `<|endoftext|>`; no segment is
+  read twice, and the targets are the memory's predictions on text it has not stored);
 - `params`: which slow weights learn — `mlp` (the dense MLPs), `pkm` (a static PKM's value rows),
   `all` (every slow parameter);
 - `after`: `keep` the memory as adapted, or `reset` it to the experience's starting state (the
@@ -45,6 +49,7 @@ from strategies.lwf import token_kl
 
 PARAMS = ("mlp", "pkm", "all")
 AFTER = ("keep", "reset")
+INPUTS = ("adapt", "samples")
 
 
 def chosen_parameters(model, which: str) -> tuple[list, list]:
@@ -65,11 +70,13 @@ def chosen_parameters(model, which: str) -> tuple[list, list]:
 class Distill(Strategy):
     def __init__(self, params: str = "mlp", steps: int = 20, batch_size: int = 4, lr: float = 1e-3,
                  after: str = "keep", retain: float = 0.0, anchors: int = 16, anchor_length: int = 512,
-                 seed: int = 0):
+                 inputs: str = "adapt", seed: int = 0):
         if params not in PARAMS:
             raise ValueError(f"distill: params must be one of {PARAMS}, got {params!r}")
         if after not in AFTER:
             raise ValueError(f"distill: after must be one of {AFTER}, got {after!r}")
+        if inputs not in INPUTS:
+            raise ValueError(f"distill: inputs must be one of {INPUTS}, got {inputs!r}")
         for name, value in (("steps", steps), ("batch_size", batch_size), ("anchors", anchors),
                             ("anchor_length", anchor_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -79,13 +86,13 @@ class Distill(Strategy):
         if isinstance(retain, bool) or not (isinstance(retain, (int, float)) and retain >= 0):
             raise ValueError(f"distill: retain must be a number >= 0 (the retention term's weight), got {retain!r}")
         self.params, self.steps, self.batch_size, self.lr, self.after, self.seed = params, steps, batch_size, float(lr), after, seed
-        self.retain, self.anchors, self.anchor_length = float(retain), anchors, anchor_length
+        self.retain, self.anchors, self.anchor_length, self.inputs = float(retain), anchors, anchor_length, inputs
         self.before = None  # the memory as the current experience found it
         self.losses: list[list[float]] = []  # per consolidation: the new-domain KL at every step
         self.retained: list[list[float]] = []  # per consolidation: the retention KL at every step (retain > 0)
 
     def check(self, model_config, mode, stream=None) -> None:
-        if stream is not None and self.retain > 0:
+        if stream is not None and (self.retain > 0 or self.inputs == "samples"):
             seq_len = list(stream)[0].data.segments.seq_len
             if self.anchor_length > seq_len:
                 raise ValueError(f"distill: anchor_length {self.anchor_length} is longer than the stream's segments "
@@ -116,14 +123,24 @@ class Distill(Strategy):
         finally:
             model.restore_memory(adapted)
 
+    def teacher_texts(self, model, experience: int, start: int) -> list[dict]:
+        """`anchors` texts of `anchor_length` tokens the model writes with its memory as adapted
+        (the distillation inputs of `inputs: samples`), as segments."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + experience + 1_500_007)
+        texts = sample(model, self.anchors, self.anchor_length, generator=g, start=start)
+        return [{"input_ids": t[:-1], "targets": t[1:]} for t in texts]
+
     def consolidate(self, model, segments, experience: int = 0, start: int = 0) -> list[float]:
-        """Train the chosen slow weights on `segments` (a PackedSegments-like sequence of dicts);
-        returns the new-domain KL at every step (the retention KL goes to `self.retained`). The
-        model's memory ends as `after` says. `start`: the token the anchor texts begin with."""
+        """Train the chosen slow weights on `segments` (a PackedSegments-like sequence of dicts;
+        under `inputs: samples` the teacher's own texts replace them); returns the new-domain KL at
+        every step (the retention KL goes to `self.retained`). The model's memory ends as `after`
+        says. `start`: the token the self-written texts begin with."""
         dense, sparse = chosen_parameters(model, self.params)
         if not dense and not sparse:
             raise ValueError(f"distill: the model has no parameters for params={self.params!r}")
         adapted = model.snapshot_memory()
+        if self.inputs == "samples":
+            segments = self.teacher_texts(model, experience, start)
         trainable = dense + sparse
         device = model_device(model)
         if self.retain > 0:
@@ -185,7 +202,8 @@ class Distill(Strategy):
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
         segments = ctx.require("current", "distill").data.segments
-        start = segments.eot_id if self.retain > 0 else 0  # the stream's <|endoftext|>: texts begin as documents do
+        # the stream's <|endoftext|>: self-written texts begin as documents do
+        start = segments.eot_id if self.retain > 0 or self.inputs == "samples" else 0
         self.losses.append(self.consolidate(ctx.model, segments, ctx.experience, start))
         self.before = None
 

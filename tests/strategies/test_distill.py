@@ -156,3 +156,45 @@ def test_retention_resumes_and_bad_knobs_are_refused():
     with pytest.raises(ValueError, match="anchor_length 32 is longer"):
         Distill(retain=1.0, anchor_length=32).check(model.config, "fast", stream)
     Distill(retain=0.0, anchor_length=32).check(model.config, "fast", stream)  # no texts are drawn
+
+
+def test_sample_inputs_are_the_teachers_own_texts_and_the_segments_are_not_read():
+    s = Distill(params="mlp", steps=12, batch_size=3, lr=3e-3, anchors=6, anchor_length=12, inputs="samples")
+    model, segs, ctx, before, adapted = adapted_experience(s)
+    teacher = copy.deepcopy(model)
+    texts = s.teacher_texts(model, 1, 0)
+    # the texts are what the model writes with its memory as adapted (a copy sampled the same way),
+    # and differ from what it writes with the memory as the experience found it
+    ref = sample(teacher, 6, 12, generator=torch.Generator().manual_seed(1 + 1_500_007), start=0)
+    assert torch.equal(torch.stack([torch.cat([t["input_ids"][:1], t["targets"]]) for t in texts]), ref)
+    teacher.restore_memory(before)
+    assert not torch.equal(ref, sample(teacher, 6, 12, generator=torch.Generator().manual_seed(1 + 1_500_007), start=0))
+
+    class Untouchable(list):
+        def __len__(self):
+            raise AssertionError("inputs: samples must not read the adapt segments")
+
+    s.losses.append(s.consolidate(model, Untouchable(segs), experience=1, start=0))
+    losses = s.losses[-1]
+    assert len(losses) == 12 and losses[0] > 0 and losses[-1] < 0.8 * losses[0], losses
+    # the KL it lowers is the one on the teacher's texts: the reference (memory as adapted vs as
+    # found, writes off) on those texts after the consolidation is below its value before
+    x = torch.stack([t["input_ids"] for t in texts])
+    y = torch.stack([t["targets"] for t in texts])
+
+    def kl(m):
+        m.set_writes(False)
+        m.restore_memory(adapted)
+        with torch.no_grad():
+            t_logits = m(x)
+            m.restore_memory(before)
+            out = float(token_kl(t_logits, m(x), y, 1.0))
+        m.set_writes(True)
+        return out
+
+    assert kl(model) < 0.8 * kl(teacher)  # teacher: the slow weights before the consolidation
+    with pytest.raises(ValueError, match="inputs"):
+        Distill(inputs="dev")
+    stream = [SimpleNamespace(data=SimpleNamespace(segments=SimpleNamespace(seq_len=16)))]
+    with pytest.raises(ValueError, match="anchor_length 32 is longer"):
+        Distill(inputs="samples", anchor_length=32).check(model.config, "fast", stream)
