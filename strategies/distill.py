@@ -91,8 +91,13 @@ class Distill(Strategy):
         self.losses: list[list[float]] = []  # per consolidation: the new-domain KL at every step
         self.retained: list[list[float]] = []  # per consolidation: the retention KL at every step (retain > 0)
 
+    @property
+    def writes_texts(self) -> bool:
+        """Whether a consolidation samples texts (anchors for the retention term, or its inputs)."""
+        return self.retain > 0 or self.inputs == "samples"
+
     def check(self, model_config, mode, stream=None) -> None:
-        if stream is not None and (self.retain > 0 or self.inputs == "samples"):
+        if stream is not None and self.writes_texts:
             seq_len = list(stream)[0].data.segments.seq_len
             if self.anchor_length > seq_len:
                 raise ValueError(f"distill: anchor_length {self.anchor_length} is longer than the stream's segments "
@@ -203,7 +208,7 @@ class Distill(Strategy):
     def on_experience_end(self, ctx: StrategyContext) -> None:
         segments = ctx.require("current", "distill").data.segments
         # the stream's <|endoftext|>: self-written texts begin as documents do
-        start = segments.eot_id if self.retain > 0 or self.inputs == "samples" else 0
+        start = segments.eot_id if self.writes_texts else 0
         self.losses.append(self.consolidate(ctx.model, segments, ctx.experience, start))
         self.before = None
 
