@@ -3,7 +3,8 @@ to predict, without what the fast memory learned in that experience, what the mo
 it, on the experience's own segments; later domains may then overwrite the memory.
 
     strategy: {name: distill, kwargs: {params: mlp, steps: 20, batch_size: 4, lr: 1.0e-3, after: keep,
-                                       retain: 1.0, anchors: 16, anchor_length: 512, inputs: adapt}}
+                                       retain: 1.0, anchors: 16, anchor_length: 512, inputs: adapt,
+                                       rank: 0}}
 
 - teacher: the model with its memory as the experience left it (writes off);
 - student: the same model with its memory as the experience found it (snapshot at its start;
@@ -18,6 +19,14 @@ it, on the experience's own segments; later domains may then overwrite the memor
   read twice, and the targets are the memory's predictions on text it has not stored);
 - `params`: which slow weights learn — `mlp` (the dense MLPs), `pkm` (a static PKM's value rows),
   `all` (every slow parameter);
+- `rank` (0 = a dense update): r > 0 makes the consolidation low-rank, as LoRA (Hu et al. 2021):
+  each chosen matrix W (every 2-D weight of `params`; vectors such as biases stay as they are)
+  learns W + B·A with A (r × in) drawn uniform in ±1/√in from a seeded generator and B (out × r)
+  zero, so the student starts as the model; only A and B take the AdamW steps, and B·A is added
+  into W when the consolidation ends (no adapter outlives it; the next experience draws fresh
+  ones). Each consolidation moves a matrix by a rank ≤ r update: the dense update moves every
+  direction of the MLPs, which is what wrecked the untouched domains on the reference bases
+  (experiments/LOG.md, stops 35–36);
 - `after`: `keep` the memory as adapted, or `reset` it to the experience's starting state (the
   consolidated fast content is dropped; the slots are free for later domains);
 - `retain` (retention term, 0 = none): every step adds `retain` · KL(previous ‖ student) on
@@ -28,7 +37,8 @@ it, on the experience's own segments; later domains may then overwrite the memor
   changing what the model said before it (LwF's anchor, Li & Hoiem 2017, on self-generated
   inputs as in pseudo-rehearsal). The previous weights' logits are recomputed per step
   (`torch.func.functional_call` with a copy of the chosen weights: MBs, where the logits of all
-  anchors would take anchors × length × V floats).
+  anchors would take anchors × length × V floats; under `rank` the previous weights are the
+  model's own, which the adapters leave untouched until they are added).
 
 `fast` mode only (in `finetune` the slow weights learn anyway). The slow weights changed here are
 saved with the model in every later checkpoint; the starting-state snapshot is the strategy's
@@ -37,6 +47,7 @@ state, so a run resumed mid-experience consolidates the same way.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -70,7 +81,7 @@ def chosen_parameters(model, which: str) -> tuple[list, list]:
 class Distill(Strategy):
     def __init__(self, params: str = "mlp", steps: int = 20, batch_size: int = 4, lr: float = 1e-3,
                  after: str = "keep", retain: float = 0.0, anchors: int = 16, anchor_length: int = 512,
-                 inputs: str = "adapt", seed: int = 0):
+                 inputs: str = "adapt", rank: int = 0, seed: int = 0):
         if params not in PARAMS:
             raise ValueError(f"distill: params must be one of {PARAMS}, got {params!r}")
         if after not in AFTER:
@@ -81,12 +92,18 @@ class Distill(Strategy):
                             ("anchor_length", anchor_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"distill: {name} must be a positive int, got {value!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"distill: rank must be an int >= 0 (0: a dense update), got {rank!r}")
+        if rank and params == "pkm":
+            raise ValueError("distill: rank > 0 makes low-rank updates of dense matrices; params='pkm' "
+                             "learns a static PKM's sparse value rows (use rank: 0 or params: mlp)")
         if not (isinstance(lr, (int, float)) and lr > 0):
             raise ValueError(f"distill: lr must be a number > 0, got {lr!r}")
         if isinstance(retain, bool) or not (isinstance(retain, (int, float)) and retain >= 0):
             raise ValueError(f"distill: retain must be a number >= 0 (the retention term's weight), got {retain!r}")
         self.params, self.steps, self.batch_size, self.lr, self.after, self.seed = params, steps, batch_size, float(lr), after, seed
         self.retain, self.anchors, self.anchor_length, self.inputs = float(retain), anchors, anchor_length, inputs
+        self.rank = rank
         self.before = None  # the memory as the current experience found it
         self.losses: list[list[float]] = []  # per consolidation: the new-domain KL at every step
         self.retained: list[list[float]] = []  # per consolidation: the retention KL at every step (retain > 0)
@@ -135,6 +152,24 @@ class Distill(Strategy):
         texts = sample(model, self.anchors, self.anchor_length, generator=g, start=start)
         return [{"input_ids": t[:-1], "targets": t[1:]} for t in texts]
 
+    def adapters(self, model, dense: list, experience: int, device) -> dict[str, tuple]:
+        """{name: (W, A, B)} for every 2-D weight among `dense`: A (r × in) uniform in ±1/√in from a
+        generator seeded by the experience, B (out × r) zero (r = min(rank, out, in))."""
+        ids = {id(p) for p in dense}
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + experience + 2_000_003)
+        out = {}
+        for name, w in model.named_parameters():
+            if id(w) not in ids or w.ndim != 2:
+                continue
+            rows, cols = w.shape
+            r = min(self.rank, rows, cols)
+            a = (torch.rand(r, cols, generator=g, dtype=w.dtype) * 2 - 1) / math.sqrt(cols)
+            b = torch.zeros(rows, r, dtype=w.dtype)
+            out[name] = (w, a.to(device).requires_grad_(True), b.to(device).requires_grad_(True))
+        if not out:
+            raise ValueError(f"distill: params={self.params!r} has no matrix for a rank-{self.rank} update")
+        return out
+
     def consolidate(self, model, segments, experience: int = 0, start: int = 0) -> list[float]:
         """Train the chosen slow weights on `segments` (a PackedSegments-like sequence of dicts;
         under `inputs: samples` the teacher's own texts replace them); returns the new-domain KL at
@@ -146,8 +181,21 @@ class Distill(Strategy):
         adapted = model.snapshot_memory()
         if self.inputs == "samples":
             segments = self.teacher_texts(model, experience, start)
-        trainable = dense + sparse
         device = model_device(model)
+        if self.rank:
+            # LoRA factors for every chosen matrix; the slow weights stay frozen until B·A is added
+            adapters = self.adapters(model, dense, experience, device)
+            trainable, opts = [], [torch.optim.AdamW([t for _, a, b in adapters.values() for t in (a, b)],
+                                                     lr=self.lr, weight_decay=0.0)]
+
+            def student(x):
+                merged = {n: w + b @ a for n, (w, a, b) in adapters.items()}
+                return torch.func.functional_call(model, merged, (x,), strict=False)
+        else:
+            trainable = dense + sparse
+            opts = ([torch.optim.AdamW(dense, lr=self.lr, weight_decay=0.0)] if dense else []) + \
+                   ([torch.optim.SGD(sparse, lr=self.lr * 100)] if sparse else [])  # lazy rows want larger steps
+            student = model
         if self.retain > 0:
             texts = self.anchor_texts(model, experience, start).to(device)
             ids = {id(p) for p in trainable}
@@ -158,8 +206,6 @@ class Distill(Strategy):
         flags = [p.requires_grad for p in trainable]
         for p in trainable:
             p.requires_grad_(True)
-        opts = ([torch.optim.AdamW(dense, lr=self.lr, weight_decay=0.0)] if dense else []) + \
-               ([torch.optim.SGD(sparse, lr=self.lr * 100)] if sparse else [])  # lazy rows want larger steps
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + experience)
         was_training = model.training
         model.eval()
@@ -176,7 +222,7 @@ class Distill(Strategy):
                 with torch.no_grad():
                     teacher = model(x)
                 model.restore_memory(self.before)
-                loss = token_kl(teacher, model(x), y, 1.0)
+                loss = token_kl(teacher, student(x), y, 1.0)
                 total = loss
                 if self.retain > 0:
                     pick = torch.randint(0, len(texts), (min(self.batch_size, len(texts)),), generator=g_anchor,
@@ -184,8 +230,9 @@ class Distill(Strategy):
                     a = texts[pick.to(device)]
                     xa, ya = a[:, :-1], a[:, 1:]
                     with torch.no_grad():  # the memory is still as the experience found it
-                        anchor = torch.func.functional_call(model, previous, (xa,), strict=False)
-                    kept = token_kl(anchor, model(xa), ya, 1.0)
+                        anchor = (model(xa) if self.rank else
+                                  torch.func.functional_call(model, previous, (xa,), strict=False))
+                    kept = token_kl(anchor, student(xa), ya, 1.0)
                     total = loss + self.retain * kept
                     retained.append(float(kept.detach()))
                 for opt in opts:
@@ -194,6 +241,10 @@ class Distill(Strategy):
                 for opt in opts:
                     opt.step()
                 losses.append(float(loss.detach()))
+            if self.rank:
+                with torch.no_grad():
+                    for w, a, b in adapters.values():
+                        w.add_(b @ a)
         finally:
             for p, flag in zip(trainable, flags):
                 p.requires_grad_(flag)

@@ -198,3 +198,75 @@ def test_sample_inputs_are_the_teachers_own_texts_and_the_segments_are_not_read(
     stream = [SimpleNamespace(data=SimpleNamespace(segments=SimpleNamespace(seq_len=16)))]
     with pytest.raises(ValueError, match="anchor_length 32 is longer"):
         Distill(inputs="samples", anchor_length=32).check(model.config, "fast", stream)
+
+
+def test_low_rank_consolidation_moves_each_mlp_matrix_by_a_rank_r_update():
+    s = Distill(params="mlp", steps=25, batch_size=3, lr=1e-2, rank=2)
+    model, segs, ctx, before, adapted = adapted_experience(s)
+    slow = {n: p.clone() for n, p in model.named_parameters()}
+    s.on_experience_end(ctx)
+    losses = s.losses[-1]
+    assert len(losses) == 25 and losses[-1] < 0.8 * losses[0], losses
+    moved = []
+    for n, p in model.named_parameters():
+        assert not p.requires_grad and p.grad is None
+        delta = p - slow[n]
+        if ".ffn." in n and "blocks" in n and p.ndim == 2:
+            # B·A with r = 2: exactly two singular values above rounding (a dense update has
+            # min(out, in) of them, so this fails for rank 0)
+            sv = torch.linalg.svdvals(delta.double())
+            assert sv[1] > 1e-4 * sv[0] and bool((sv[2:] < 1e-5 * sv[0]).all()), (n, sv[:4])
+            moved.append(n)
+        else:  # biases, attention, embeddings, norms: untouched
+            assert torch.equal(p, slow[n]), n
+    assert len(moved) == 4  # fc and proj of each of the two blocks' MLPs
+    for a, b in zip(model.snapshot_memory(), adapted):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_low_rank_first_step_is_adams_sign_step_of_the_dense_gradient_through_a():
+    """Naive reference for the factors: B starts at 0, so A's first gradient is 0 and B's is
+    G·Aᵀ, G the dense KL gradient of W; Adam's first step is g / (|g| + eps) times lr, so the
+    merged update is -lr · (G Aᵀ / (|G Aᵀ| + eps)) · A."""
+    lr = 1e-2
+    s = Distill(params="mlp", steps=1, batch_size=2, lr=lr, rank=3)
+    model, segs, ctx, before, adapted = adapted_experience(s)
+    one = segs[:1]  # one segment: every draw is that segment, so the batch is known
+    ref = copy.deepcopy(model)
+    names = [n for n, p in ref.named_parameters() if ".ffn." in n and p.ndim == 2]
+    factors = s.adapters(ref, [p for n, p in ref.named_parameters() if n in names], 1, torch.device("cpu"))
+    x = torch.stack([one[0]["input_ids"]] * 2)
+    y = torch.stack([one[0]["targets"]] * 2)
+    ref.set_writes(False)
+    ref.restore_memory(adapted)
+    with torch.no_grad():
+        teacher = ref(x)
+    ref.restore_memory(before)
+    params = dict(ref.named_parameters())
+    for n in names:
+        params[n].requires_grad_(True)
+    token_kl(teacher, ref(x), y, 1.0).backward()
+    slow = {n: p.detach().clone() for n, p in model.named_parameters()}
+    s.losses.append(s.consolidate(model, one, experience=1, start=0))
+    for n in names:
+        a = factors[n][1].detach()
+        gb = params[n].grad @ a.T
+        want_b = -lr * gb / (gb.abs() + 1e-8)
+        got = dict(model.named_parameters())[n] - slow[n]
+        # the update lies in A's row space: got = B·A with B recovered by least squares
+        b = torch.linalg.lstsq(a.T.double(), got.T.double()).solution.T.float()
+        assert torch.allclose(b @ a, got, atol=1e-8), n
+        # B is Adam's first step on G·Aᵀ; where |G·Aᵀ| is near Adam's eps (1e-8) the step is
+        # g / (|g| + eps) and a gradient's last-bit rounding moves it, so compare where |g| >> eps
+        sure = gb.abs() > 1e-6
+        assert sure.float().mean() > 0.5, n
+        assert torch.allclose(b[sure], want_b[sure], rtol=1e-4, atol=1e-7), (n, (b - want_b)[sure].abs().max())
+        assert bool((b.abs() <= lr * (1 + 1e-4)).all()), n
+
+
+def test_rank_bad_input_is_refused():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="rank"):
+            Distill(rank=bad)
+    with pytest.raises(ValueError, match="rank > 0 makes low-rank updates"):
+        Distill(params="pkm", rank=4)
