@@ -11,6 +11,7 @@ from strategies.distill import Distill
 from strategies.ewc import EWC
 from strategies.experts import Experts
 from strategies.generative_replay import GenerativeReplay
+from strategies.lora import LoRA
 from strategies.lwf import LwF
 from strategies.naive import NaiveStrategy
 from strategies.replay import Replay
@@ -23,6 +24,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "ewc": EWC,
     "experts": Experts,
     "generative_replay": GenerativeReplay,
+    "lora": LoRA,
     "lwf": LwF,
     "replay": Replay,
     "slot_freezing": SlotFreezing,
