@@ -47,7 +47,6 @@ state, so a run resumed mid-experience consolidates the same way.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -56,6 +55,7 @@ from cl_platform.device import HOST, model_device
 from cl_platform.memory.fwpkm import memory_from_state, memory_to_state
 from cl_platform.sample import sample
 from cl_platform.strategy import Strategy, StrategyContext
+from strategies.lora import init_factors
 from strategies.lwf import token_kl
 
 PARAMS = ("mlp", "pkm", "all")
@@ -161,10 +161,7 @@ class Distill(Strategy):
         for name, w in model.named_parameters():
             if id(w) not in ids or w.ndim != 2:
                 continue
-            rows, cols = w.shape
-            r = min(self.rank, rows, cols)
-            a = (torch.rand(r, cols, generator=g, dtype=w.dtype) * 2 - 1) / math.sqrt(cols)
-            b = torch.zeros(rows, r, dtype=w.dtype)
+            a, b = init_factors(w.detach(), self.rank, g)
             out[name] = (w, a.to(device).requires_grad_(True), b.to(device).requires_grad_(True))
         if not out:
             raise ValueError(f"distill: params={self.params!r} has no matrix for a rank-{self.rank} update")

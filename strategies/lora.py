@@ -36,6 +36,15 @@ from cl_platform.strategy import Strategy, StrategyContext
 PARAMS = ("mlp", "all")
 
 
+def init_factors(w: Tensor, rank: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """LoRA's starting factors of a matrix W (out × in), on W's device: A (r × in) uniform in
+    ±1/√in, B (out × r) zero, r = min(rank, out, in); B·A = 0, so the model starts as it was."""
+    rows, cols = w.shape
+    r = min(rank, rows, cols)
+    a = (torch.rand(r, cols, generator=generator, dtype=w.dtype) * 2 - 1) / math.sqrt(cols)
+    return a.to(w.device), torch.zeros(rows, r, dtype=w.dtype, device=w.device)
+
+
 def target_matrices(model, which: str) -> dict[str, torch.nn.Parameter]:
     """{name: W} for every 2-D slow weight of `which` (a static PKM's value table excluded)."""
     from cl_platform.memory.pkm import PKM
@@ -79,11 +88,8 @@ class LoRA(Strategy):
             return  # one adapter over the whole stream
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7)
         for name, w in target_matrices(ctx.model, self.params).items():
-            rows, cols = w.shape
-            r = min(self.rank, rows, cols)
             self.base[name] = w.detach().clone()
-            self.a[name] = ((torch.rand(r, cols, generator=g, dtype=w.dtype) * 2 - 1) / math.sqrt(cols)).to(w.device)
-            self.b[name] = torch.zeros(rows, r, dtype=w.dtype, device=w.device)
+            self.a[name], self.b[name] = init_factors(w.detach(), self.rank, g)
         self._build_optimizer()
 
     def _factors(self) -> list[Tensor]:
