@@ -4,9 +4,13 @@ it, on the experience's own segments; later domains may then overwrite the memor
 
     strategy: {name: distill, kwargs: {params: mlp, steps: 20, batch_size: 4, lr: 1.0e-3, after: keep,
                                        retain: 1.0, anchors: 16, anchor_length: 512, inputs: adapt,
-                                       rank: 0}}
+                                       rank: 0, hold: 0.0}}
 
-- teacher: the model with its memory as the experience left it (writes off);
+- teacher: the model with its memory as the experience left it (writes off), and with its slow
+  weights as the consolidation found them: a copy of the chosen weights (MBs) read through
+  `torch.func.functional_call`. (Before stop 37 the dense and PKM paths read the live weights,
+  so the teacher moved with the student: the objective could be met by making the memory's
+  effect vanish, which is what the 1e-4 runs of stops 35–36 showed; experiments/LOG.md);
 - student: the same model with its memory as the experience found it (snapshot at its start;
   writes off), so the slow weights must carry what the memory added;
 - loss: per-token KL(teacher ‖ student) (`strategies.lwf.token_kl`, T = 1), `steps` AdamW steps
@@ -29,6 +33,12 @@ it, on the experience's own segments; later domains may then overwrite the memor
   (experiments/LOG.md, stops 35–36);
 - `after`: `keep` the memory as adapted, or `reset` it to the experience's starting state (the
   consolidated fast content is dropped; the slots are free for later domains);
+- `hold` (0 = none): every step adds `hold` · KL(teacher ‖ student reading the memory as adapted),
+  on the same inputs. Under `keep` the evaluation reads the consolidated slow weights *and* the
+  memory that still holds the domain, so a student that learned what the memory adds counts it
+  twice while the memory keeps it (stop 37: rank-8 distillation leaves math after experience 1
+  above naive's). With the term the slow weights must add the memory's effect where it is gone
+  and nothing where it is still there. It starts at 0 (the student is the teacher at step 1);
 - `retain` (retention term, 0 = none): every step adds `retain` · KL(previous ‖ student) on
   `batch_size` of `anchors` texts of `anchor_length` tokens that the model writes itself, from
   `<|endoftext|>`, when the experience ends, with its memory as the experience found it
@@ -81,7 +91,7 @@ def chosen_parameters(model, which: str) -> tuple[list, list]:
 class Distill(Strategy):
     def __init__(self, params: str = "mlp", steps: int = 20, batch_size: int = 4, lr: float = 1e-3,
                  after: str = "keep", retain: float = 0.0, anchors: int = 16, anchor_length: int = 512,
-                 inputs: str = "adapt", rank: int = 0, seed: int = 0):
+                 inputs: str = "adapt", rank: int = 0, hold: float = 0.0, seed: int = 0):
         if params not in PARAMS:
             raise ValueError(f"distill: params must be one of {PARAMS}, got {params!r}")
         if after not in AFTER:
@@ -99,11 +109,14 @@ class Distill(Strategy):
                              "learns a static PKM's sparse value rows (use rank: 0 or params: mlp)")
         if not (isinstance(lr, (int, float)) and lr > 0):
             raise ValueError(f"distill: lr must be a number > 0, got {lr!r}")
+        if isinstance(hold, bool) or not (isinstance(hold, (int, float)) and hold >= 0):
+            raise ValueError(f"distill: hold must be a number >= 0 (the weight of the adapted-memory term), got {hold!r}")
         if isinstance(retain, bool) or not (isinstance(retain, (int, float)) and retain >= 0):
             raise ValueError(f"distill: retain must be a number >= 0 (the retention term's weight), got {retain!r}")
         self.params, self.steps, self.batch_size, self.lr, self.after, self.seed = params, steps, batch_size, float(lr), after, seed
         self.retain, self.anchors, self.anchor_length, self.inputs = float(retain), anchors, anchor_length, inputs
-        self.rank = rank
+        self.rank, self.hold = rank, float(hold)
+        self.held: list[list[float]] = []  # per consolidation: the adapted-memory KL at every step (hold > 0)
         self.before = None  # the memory as the current experience found it
         self.losses: list[list[float]] = []  # per consolidation: the new-domain KL at every step
         self.retained: list[list[float]] = []  # per consolidation: the retention KL at every step (retain > 0)
@@ -193,13 +206,19 @@ class Distill(Strategy):
             opts = ([torch.optim.AdamW(dense, lr=self.lr, weight_decay=0.0)] if dense else []) + \
                    ([torch.optim.SGD(sparse, lr=self.lr * 100)] if sparse else [])  # lazy rows want larger steps
             student = model
+        # The slow weights as this consolidation found them: the teacher's and the retention
+        # anchor's. Under `rank` the model's own weights stay so until B·A is added.
+        ids = {id(p) for p in trainable}
+        found = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in ids}
+
+        def as_found(x):
+            return model(x) if self.rank else torch.func.functional_call(model, found, (x,), strict=False)
+
         if self.retain > 0:
             texts = self.anchor_texts(model, experience, start).to(device)
-            ids = {id(p) for p in trainable}
-            previous = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in ids}
             # its own generator: the new-domain draws are those of retain = 0
             g_anchor = torch.Generator().manual_seed(self.seed * 1_000_003 + experience + 1_000_033)
-        retained = []
+        retained, held = [], []
         flags = [p.requires_grad for p in trainable]
         for p in trainable:
             p.requires_grad_(True)
@@ -217,7 +236,15 @@ class Distill(Strategy):
                 y = torch.stack([r["targets"] for r in rows]).to(device)
                 model.restore_memory(adapted)
                 with torch.no_grad():
-                    teacher = model(x)
+                    teacher = as_found(x)
+                for opt in opts:
+                    opt.zero_grad(set_to_none=True)
+                if self.hold > 0:  # the student with the memory as adapted must stay the teacher
+                    still = token_kl(teacher, student(x), y, 1.0)
+                    # its backward now: restoring the other memory below rewrites, in place, the
+                    # buffers this graph read
+                    (self.hold * still).backward()
+                    held.append(float(still.detach()))
                 model.restore_memory(self.before)
                 loss = token_kl(teacher, student(x), y, 1.0)
                 total = loss
@@ -227,13 +254,10 @@ class Distill(Strategy):
                     a = texts[pick.to(device)]
                     xa, ya = a[:, :-1], a[:, 1:]
                     with torch.no_grad():  # the memory is still as the experience found it
-                        anchor = (model(xa) if self.rank else
-                                  torch.func.functional_call(model, previous, (xa,), strict=False))
+                        anchor = as_found(xa)
                     kept = token_kl(anchor, student(xa), ya, 1.0)
-                    total = loss + self.retain * kept
+                    total = total + self.retain * kept
                     retained.append(float(kept.detach()))
-                for opt in opts:
-                    opt.zero_grad(set_to_none=True)
                 total.backward()
                 for opt in opts:
                     opt.step()
@@ -251,6 +275,8 @@ class Distill(Strategy):
             model.restore_memory(adapted if self.after == "keep" else self.before)
         if self.retain > 0:
             self.retained.append(retained)
+        if self.hold > 0:
+            self.held.append(held)
         return losses
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
@@ -264,15 +290,19 @@ class Distill(Strategy):
         out = {"distill_kl_first_last": [[ls[0], ls[-1]] for ls in self.losses if ls]}
         if self.retain > 0:
             out["retention_kl_first_last"] = [[ls[0], ls[-1]] for ls in self.retained if ls]
+        if self.hold > 0:
+            out["held_kl_first_last"] = [[ls[0], ls[-1]] for ls in self.held if ls]
         return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"before": memory_to_state(self.before), "losses": [list(ls) for ls in self.losses],
-                "retained": [list(ls) for ls in self.retained]}
+                "retained": [list(ls) for ls in self.retained], "held": [list(ls) for ls in self.held]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"before", "losses", "retained"}:
-            raise ValueError(f"distill: state has keys {sorted(state)}, expected ['before', 'losses', 'retained']")
+        # checkpoints written before `hold` existed have no "held"
+        if set(state) not in ({"before", "losses", "retained", "held"}, {"before", "losses", "retained"}):
+            raise ValueError(f"distill: state has keys {sorted(state)}, expected ['before', 'held', 'losses', 'retained']")
         self.before = memory_from_state(state["before"])
         self.losses = [list(ls) for ls in state["losses"]]
         self.retained = [list(ls) for ls in state["retained"]]
+        self.held = [list(ls) for ls in state.get("held", [])]

@@ -132,14 +132,14 @@ def test_retention_starts_at_zero_anchors_the_model_and_leaves_the_new_domain_dr
     assert held.losses[-1][0] == plain.losses[-1][0]
     assert plain.retained == [] and "retention_kl_first_last" not in plain.summary()
     # What it buys: the drift from the previous model on the anchors (reference: whole models) is
-    # smaller with the term (measured 18x), and the new-domain KL still falls (to 0.61 of its start;
-    # at retain 10 it does not fall: the two terms pull apart on these random-token data).
+    # smaller with the term (measured 3.2x with the teacher fixed, stop 37; 18x when it moved with
+    # the weights), and the new-domain KL still falls (to 0.63 of its start).
     drift_plain, drift_held = anchor_kl(slow, m0, before, texts), anchor_kl(slow, m1, before, texts)
-    assert drift_held < 0.25 * drift_plain, (drift_held, drift_plain)
+    assert drift_held < 0.5 * drift_plain, (drift_held, drift_plain)
     assert held.losses[-1][-1] < 0.8 * held.losses[-1][0]
     # The strategy's last retention KL is that reference's KL at the weights before the last step:
     # close to (not equal to) the final drift, and far below plain distillation's.
-    assert held.retained[-1][-1] < 0.25 * drift_plain
+    assert held.retained[-1][-1] < 0.5 * drift_plain
 
 
 def test_retention_resumes_and_bad_knobs_are_refused():
@@ -270,3 +270,52 @@ def test_rank_bad_input_is_refused():
             Distill(rank=bad)
     with pytest.raises(ValueError, match="rank > 0 makes low-rank updates"):
         Distill(params="pkm", rank=4)
+
+
+@pytest.mark.parametrize("rank", [0, 4])
+def test_the_teacher_stays_put_and_hold_keeps_the_model_with_its_adapted_memory_the_teacher(rank):
+    def run(hold):
+        s = Distill(params="mlp", steps=15, batch_size=3, lr=1e-2 if rank else 3e-3, rank=rank, hold=hold)
+        model, segs, ctx, before, adapted = adapted_experience(s)
+        teacher = copy.deepcopy(model)
+        s.on_experience_end(ctx)
+        return s, model, teacher, segs, before, adapted
+
+    plain, m0, teacher, segs, before, adapted = run(0.0)
+    held, m1, _, _, _, _ = run(1.0)
+    assert plain.held == [] and "held_kl_first_last" not in plain.summary()
+    assert held.losses[-1][0] == plain.losses[-1][0]  # the same draws, the same first step
+    # Step 1: the student is the teacher. Later steps: the teacher is the slow weights as the
+    # consolidation found them, so the student with the adapted memory drifts from it (a teacher
+    # read from the live weights, as before stop 37, would keep this KL at exactly 0).
+    assert held.held[-1][0] == pytest.approx(0.0, abs=1e-6) and len(held.held[-1]) == 15
+    assert min(held.held[-1][1:]) > 1e-6, held.held[-1]
+
+    x = torch.stack([s["input_ids"] for s in segs])
+    y = torch.stack([s["targets"] for s in segs])
+    reader = copy.deepcopy(teacher)
+
+    def kl_to_teacher(m, memory):
+        """Reference: KL(teacher with the adapted memory ‖ m reading `memory`), whole models."""
+        for model in (teacher, m):
+            model.set_writes(False)
+        teacher.restore_memory(adapted)
+        m.restore_memory(memory)
+        with torch.no_grad():
+            return float(token_kl(teacher(x), m(x), y, 1.0))
+
+    # Both learn to do without the memory (measured 0.27-0.33 of the start); plain distillation
+    # counts the memory twice where it is still there, and the term halves that drift (measured
+    # 0.5x at rank 0 and at rank 4)
+    start = kl_to_teacher(reader, before)
+    assert kl_to_teacher(m0, before) < 0.6 * start and kl_to_teacher(m1, before) < 0.6 * start
+    assert kl_to_teacher(m1, adapted) < 0.7 * kl_to_teacher(m0, adapted)
+    s2 = Distill(hold=1.0)
+    s2.load_state_dict(held.state_dict())
+    assert s2.held == held.held
+    old = {k: v for k, v in held.state_dict().items() if k != "held"}  # a checkpoint from before `hold`
+    s3 = Distill()
+    s3.load_state_dict(old)
+    assert s3.held == []
+    with pytest.raises(ValueError, match="hold"):
+        Distill(hold=-0.5)
