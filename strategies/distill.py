@@ -28,9 +28,8 @@ it, on the experience's own segments; later domains may then overwrite the memor
   learns W + B·A with A (r × in) drawn uniform in ±1/√in from a seeded generator and B (out × r)
   zero, so the student starts as the model; only A and B take the AdamW steps, and B·A is added
   into W when the consolidation ends (no adapter outlives it; the next experience draws fresh
-  ones). Each consolidation moves a matrix by a rank ≤ r update: the dense update moves every
-  direction of the MLPs, which is what wrecked the untouched domains on the reference bases
-  (experiments/LOG.md, stops 35–36);
+  ones). Each consolidation moves a matrix by a rank ≤ r update instead of every direction
+  (on the reference bases' dev split the two cut forgetting alike: experiments/LOG.md, stop 37);
 - `after`: `keep` the memory as adapted, or `reset` it to the experience's starting state (the
   consolidated fast content is dropped; the slots are free for later domains);
 - `hold` (0 = none): every step adds `hold` · KL(teacher ‖ student reading the memory as adapted),
@@ -65,7 +64,7 @@ from cl_platform.device import HOST, model_device
 from cl_platform.memory.fwpkm import memory_from_state, memory_to_state
 from cl_platform.sample import sample
 from cl_platform.strategy import Strategy, StrategyContext
-from strategies.lora import init_factors
+from strategies.lora import init_factors, target_matrices
 from strategies.lwf import token_kl
 
 PARAMS = ("mlp", "pkm", "all")
@@ -165,15 +164,12 @@ class Distill(Strategy):
         texts = sample(model, self.anchors, self.anchor_length, generator=g, start=start)
         return [{"input_ids": t[:-1], "targets": t[1:]} for t in texts]
 
-    def adapters(self, model, dense: list, experience: int, device) -> dict[str, tuple]:
-        """{name: (W, A, B)} for every 2-D weight among `dense`: A (r × in) uniform in ±1/√in from a
-        generator seeded by the experience, B (out × r) zero (r = min(rank, out, in))."""
-        ids = {id(p) for p in dense}
+    def adapters(self, model, experience: int, device) -> dict[str, tuple]:
+        """{name: (W, A, B)} for every matrix of `params` (`strategies.lora.target_matrices`), with
+        LoRA's starting factors drawn from a generator seeded by the experience."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + experience + 2_000_003)
         out = {}
-        for name, w in model.named_parameters():
-            if id(w) not in ids or w.ndim != 2:
-                continue
+        for name, w in target_matrices(model, self.params).items():
             a, b = init_factors(w.detach(), self.rank, g)
             out[name] = (w, a.to(device).requires_grad_(True), b.to(device).requires_grad_(True))
         if not out:
@@ -194,7 +190,7 @@ class Distill(Strategy):
         device = model_device(model)
         if self.rank:
             # LoRA factors for every chosen matrix; the slow weights stay frozen until B·A is added
-            adapters = self.adapters(model, dense, experience, device)
+            adapters = self.adapters(model, experience, device)
             trainable, opts = [], [torch.optim.AdamW([t for _, a, b in adapters.values() for t in (a, b)],
                                                      lr=self.lr, weight_decay=0.0)]
 

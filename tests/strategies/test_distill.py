@@ -234,7 +234,7 @@ def test_low_rank_first_step_is_adams_sign_step_of_the_dense_gradient_through_a(
     one = segs[:1]  # one segment: every draw is that segment, so the batch is known
     ref = copy.deepcopy(model)
     names = [n for n, p in ref.named_parameters() if ".ffn." in n and p.ndim == 2]
-    factors = s.adapters(ref, [p for n, p in ref.named_parameters() if n in names], 1, torch.device("cpu"))
+    factors = s.adapters(ref, 1, torch.device("cpu"))
     x = torch.stack([one[0]["input_ids"]] * 2)
     y = torch.stack([one[0]["targets"]] * 2)
     ref.set_writes(False)
