@@ -13,10 +13,33 @@ experiences without changing what the run does next.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 from torch import Tensor
 
 from cl_platform.model import FwPKMLM
+
+
+@contextmanager
+def reading_only(model: FwPKMLM) -> Iterator[FwPKMLM]:
+    """The model in eval mode with every FwPKM write off, for reads that must leave no trace:
+    on exit the fast state (read counts included), the layers' call counters, the write switches
+    and train/eval mode are put back as they were. Sampling and a strategy's look at its own
+    texts (sparse memory finetuning's background) read through it."""
+    layers = model.fwpkm_layers()
+    saved = (model.snapshot_memory(), [(l.writes_enabled, l.calls, l.writes) for l in layers], model.training)
+    model.eval()
+    model.set_writes(False)
+    try:
+        yield model
+    finally:
+        snap, flags, training = saved
+        model.restore_memory(snap)
+        for layer, (writes, calls, written) in zip(layers, flags):
+            layer.writes_enabled, layer.calls, layer.writes = writes, calls, written
+        model.train(training)
 
 
 @torch.no_grad()
@@ -33,21 +56,11 @@ def sample(model: FwPKMLM, n: int, length: int, *, generator: torch.Generator, t
         raise ValueError(f"sample: temperature must be a number > 0, got {temperature!r}")
     if not 0 <= start < model.config.vocab_size:
         raise ValueError(f"sample: start token {start} is outside the vocabulary (0..{model.config.vocab_size - 1})")
-    layers = model.fwpkm_layers()
-    saved = (model.snapshot_memory(), [(l.writes_enabled, l.calls, l.writes) for l in layers], model.training)
     device = next(model.parameters()).device
-    model.eval()
-    model.set_writes(False)
     uniform = torch.rand(n, length, generator=generator, dtype=torch.float64, device="cpu")
-    try:
+    with reading_only(model):
         rows = [_sample_rows(model, uniform[i:i + batch_size], float(temperature), start, device)
                 for i in range(0, n, batch_size)]
-    finally:
-        snap, flags, training = saved
-        model.restore_memory(snap)
-        for layer, (writes, calls, written) in zip(layers, flags):
-            layer.writes_enabled, layer.calls, layer.writes = writes, calls, written
-        model.train(training)
     return torch.cat(rows)
 
 

@@ -17,6 +17,7 @@ from strategies.naive import NaiveStrategy
 from strategies.replay import Replay
 from strategies.slot_freezing import SlotFreezing
 from strategies.slot_transfer import SlotTransfer
+from strategies.sparse_memory import SparseMemory
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "naive": NaiveStrategy,
@@ -29,6 +30,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "replay": Replay,
     "slot_freezing": SlotFreezing,
     "slot_transfer": SlotTransfer,
+    "sparse_memory": SparseMemory,
 }
 
 

@@ -71,6 +71,11 @@ class PKM(nn.Module):
         self.keys = nn.Parameter(torch.empty(c.heads, 2, c.num_subkeys, c.d_key // 2))
         self.values = nn.EmbeddingBag(c.num_slots, c.d_value, mode="sum", sparse=True)
         self.out_proj = nn.Linear(c.d_value, d_model, bias=False)
+        # Public knob for strategies (sparse memory finetuning): with `record_reads` on, every
+        # forward leaves the slot ids it read in `last_reads` (B, T, H, k). Not state: off by
+        # default and never saved, so nothing pays for it unless asked.
+        self.record_reads = False
+        self.last_reads: Tensor | None = None
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -89,6 +94,8 @@ class PKM(nn.Module):
         # The lookup runs in the keys' dtype even under autocast: bfloat16 scores change top-k picks.
         with torch.autocast(device_type=x.device.type, enabled=False):
             look = self.lookup(q.to(self.keys.dtype))  # (B, T, H, k) each
+        if self.record_reads:
+            self.last_reads = look.idx.detach()
         flat_idx = look.idx.reshape(B * T, c.heads * c.topk)  # (B·T, H·k)
         flat_w = look.weights.reshape(B * T, c.heads * c.topk).to(self.values.weight.dtype)
         read = self.values(flat_idx, per_sample_weights=flat_w)  # (B·T, d_v), summed over heads

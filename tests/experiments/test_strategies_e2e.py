@@ -43,17 +43,25 @@ CASES = {
     "lwf": ("finetune", {"alpha": 1.0}),
     # its factors and their AdamW state are the state a resume restores
     "lora": ("finetune", {"rank": 2, "lr": 1e-2}),
+    # on a tiny base with a static PKM in place of layer 0's MLP (its own base and naive run);
+    # the background counted from the base's texts is the state a resume restores
+    "sparse_memory": ("finetune", {"slots": 8, "background": 4, "length": 16}),
 }
+# model overrides of a case whose strategy needs another architecture
+MODELS = {"sparse_memory": {"pkm_layers": [0], "pkm": {"num_subkeys": 8, "d_key": 16, "d_value": 32, "heads": 2,
+                                                       "topk": 4}}}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
     mode, kwargs = CASES[name]
-    overrides = dict(strategy={"name": name, "kwargs": kwargs}, cl={"mode": mode, "checkpoint_every": 3})
+    model = {"model": MODELS[name]} if name in MODELS else {}
+    overrides = dict(strategy={"name": name, "kwargs": kwargs}, cl={"mode": mode, "checkpoint_every": 3}, **model)
     whole = tiny.config(tmp_path / "whole.yaml", name=f"whole-{name}", **overrides)
     crashed = tiny.config(tmp_path / "crashed.yaml", name=f"crashed-{name}", **overrides)
-    naive = tiny.config(tmp_path / "naive.yaml", name=f"naive-{mode}", strategy={"name": "naive"}, cl={"mode": mode})
+    reference = f"naive-{mode}" + ("-" + name if model else "")
+    naive = tiny.config(tmp_path / "naive.yaml", name=reference, strategy={"name": "naive"}, cl={"mode": mode}, **model)
     tiny.run_cli(["run", str(whole)])
     proc = tiny.run_cli(["run", str(crashed)], env_extra={"CLP_TEST_STRATEGY": name}, script=CRASH_CLI, check=False)
     assert proc.returncode != 0 and "crash for the test" in proc.stderr
@@ -75,17 +83,21 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
         assert summary["experts"] == sorted(a.matrix.experiences)
         first = a.matrix.domains.index(a.matrix.experiences[0])
         assert a.matrix.values[2, first] == a.matrix.values[1, first]
+    if name == "sparse_memory":  # 8 rows a step of 64, over 12 steps: more than 8 rows, not every one
+        assert summary["name"] == name and summary["steps"] == 12
+        assert 8 < summary["slots_trained"]["blocks.0.ffn"] <= 64
     if name == "slot_transfer":  # 10 % of 256 slots moved to the slow memory after each experience
         assert summary["name"] == name and summary["after_experience"] == 2
         assert summary["transferred_slots"] == {"fwpkm1": {"math": 25, "code": 25}}
     tiny.run_cli(["run", str(naive)])
-    ref = RunResults.from_json(next(tiny.runs.glob(f"naive-{mode}-*")) / "results.json")
+    ref = RunResults.from_json(next(tiny.runs.glob(f"{reference}-[0-9a-f]*")) / "results.json")
     # distill acts when experience 1 ends, the others in experience 2. Slot transfer moves rows
     # when experience 1 ends too, but exactly (fast + slow read-outs equal the fast ones before
     # it), so row 1 equals naive's up to float rounding — bit-equal on some CPUs, not on others —
     # and its effect is in row 2: experience 2's writes no longer move the transferred rows.
     # experts: an unseen domain reads the fresh memory; lora trains differently from the first step
-    acts_from = 1 if name in ("distill", "experts", "lora") else 2
+    # sparse memory finetuning trains its rows from the first step
+    acts_from = 1 if name in ("distill", "experts", "lora", "sparse_memory") else 2
     if name == "slot_transfer":
         assert np.allclose(ref.matrix.values[1], a.matrix.values[1], atol=1e-5, rtol=0)
     else:
