@@ -31,12 +31,9 @@ def tiny_model(seed=0, pkm=True):
 
 
 def batches(n, B=2, T=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x = torch.randint(0, V, (B, T + 1), generator=g)
-        out.append((x[:, :-1], x[:, 1:]))
-    return out
+    """n random (inputs, targets) batches of B rows, T tokens."""
+    rows = torch.randint(0, V, (n, B, T + 1), generator=torch.Generator().manual_seed(seed))
+    return [(r[:, :-1], r[:, 1:]) for r in rows]
 
 
 def context(model, experience=1):
