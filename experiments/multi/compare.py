@@ -245,6 +245,44 @@ def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dic
         out[entry]["vs_first"] = paired(members[first], members[entry], first, entry)
         if len(members[entry]) == 1 and "vs_first_documents" in members[entry][0]:
             out[entry]["vs_first_documents"] = members[entry][0]["vs_first_documents"]
+        out[entry]["relative"] = relative(members[first], members[entry])
+    return out
+
+
+def relative(a: list[dict], b: list[dict]) -> dict[str, dict[str, Any]]:
+    """B against A as fractions, the terms continual-learning targets are set in: the cut in
+    average forgetting, 1 − F_B / F_A, and the adaptation gain kept, G_B / G_A.
+
+    The unit is the base (with several): each base's ratio of its members' means, so orders and
+    seeds of one base count once, and the t-interval is over the bases. With one base and several
+    members (orders, seeds), each pair is a unit. With one pair, the interval is the paired
+    bootstrap over the documents both runs scored (`vs_first_documents`), divided by A's value,
+    which is held fixed — a within-base interval, labelled so where it is printed."""
+    from analysis.aggregate import mean_std
+
+    bases = sorted({m.get("base_seed") for m in b}, key=str)
+    if len(bases) > 1:
+        groups = [([m for m in a if m.get("base_seed") == base], [m for m in b if m.get("base_seed") == base])
+                  for base in bases]
+    else:
+        by_key = {member_key(m): m for m in a}
+        groups = [([by_key[member_key(m)]], [m]) for m in b]
+    unit = "base" if len(bases) > 1 else "pair"
+
+    def mean(ms: list[dict], metric: str) -> float:
+        return statistics.fmean(m["summary"][metric] for m in ms)
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, metric, ratio in (("forgetting_cut", "average_forgetting", lambda x, y: 1 - x / y),
+                                ("gain_kept", "adaptation_gain", lambda x, y: x / y)):
+        if any(mean(ga, metric) == 0 for ga, _ in groups):
+            continue  # nothing to be a fraction of
+        out[name] = {"unit": unit, **mean_std([ratio(mean(gb, metric), mean(ga, metric)) for ga, gb in groups])}
+        docs = b[0].get("vs_first_documents", {}).get(metric) if len(b) == 1 else None
+        if docs is not None:
+            ref = a[0]["summary"][metric]
+            ends = sorted(ratio(ref + d, ref) for d in (docs["low"], docs["high"]))
+            out[name]["documents"] = {"low": ends[0], "high": ends[1]}
     return out
 
 
@@ -321,7 +359,32 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
             cells = [f"{stats[m][0]:+.4f} [{stats[m][1]:+.3f}, {stats[m][2]:+.3f}]" if m in stats else "n/a"
                      for m in METRICS]
             lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))
+        lines += _relative_lines(first, paired_rows, within, base_seeds)
     return "\n".join(lines)
+
+
+def _relative_lines(first: str, rows: list[tuple[str, dict]], within: bool, base_seeds: list[int] | None) -> list[str]:
+    """The `relative` fractions as a table: percent, with the interval of their unit."""
+    if not any(row.get("relative") for _, row in rows):
+        return []
+    some = next(d for _, row in rows for d in row.get("relative", {}).values())
+    what = ("one base and seed; 95 % paired bootstrap over evaluation documents, within this base, with "
+            f"{first}'s value held fixed" if within else
+            f"each base's ratio of its members' means; 95 % t-interval over the {len(base_seeds or [])} bases"
+            if some["unit"] == "base" else "95 % t-interval over the pairs")
+    lines = ["", f"relative to {first} (forgetting cut = 1 − forgetting / {first}'s, gain kept = gain / {first}'s; {what})",
+             f"{'entry':>18s} {'forgetting cut':>24s} {'gain kept':>24s}"]
+    for entry, row in rows:
+        cells = []
+        for name in ("forgetting_cut", "gain_kept"):
+            d = row.get("relative", {}).get(name)
+            if d is None:
+                cells.append("n/a")
+                continue
+            low, high = (d["documents"]["low"], d["documents"]["high"]) if within and "documents" in d else d["t95"]
+            cells.append(f"{100 * d['mean']:.1f} % [{100 * low:.1f}, {100 * high:.1f}]")
+        lines.append(f"{entry:>18s} " + "".join(f"{c:>25s}" for c in cells))
+    return lines
 
 
 def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,

@@ -54,7 +54,14 @@ def test_comparison_table_equals_the_members_and_reruns_train_nothing(tiny, tmp_
     # One seed: that document interval is the one printed (the seed-0 members are reused).
     out1, table1 = run(load(write(tiny, tmp_path, seeds=[0])), say=lambda _: None)
     assert json.dumps(table1["freeze"]["vs_first_documents"]) == json.dumps(saved["members"]["freeze"][0]["vs_first_documents"])
-    assert "paired bootstrap over evaluation documents, within this base" in (out1 / "comparison.txt").read_text()
+    text1 = (out1 / "comparison.txt").read_text()
+    assert "paired bootstrap over evaluation documents, within this base" in text1
+    # ... and as fractions of naive's, the documents' interval over naive's value held fixed
+    rel = table1["freeze"]["relative"]["forgetting_cut"]
+    naive_f = table1["naive"]["average_forgetting"]["mean"]
+    assert rel["mean"] == pytest.approx(-table1["freeze"]["vs_first_documents"]["average_forgetting"]["value"] / naive_f)
+    assert rel["documents"]["low"] <= rel["mean"] <= rel["documents"]["high"]
+    assert f"{100 * rel['mean']:.1f} % [{100 * rel['documents']['low']:.1f}, " in text1 and "held fixed" in text1
     again = []
     run(load(write(tiny, tmp_path)), say=again.append)
     assert sum("already complete" in line for line in again) == 4
@@ -200,3 +207,43 @@ def test_a_run_config_named_on_the_command_line_is_relative_to_the_working_direc
         assert Path(in_file.run).resolve() == configs / "default.yaml"
         given = loader(configs / name, overrides=["run=experiments/configs/reference_main.yaml"])
         assert Path(given.run) == configs / "reference_main.yaml"
+
+
+def test_the_cut_and_gain_kept_are_per_base_ratios_with_intervals_over_bases_pairs_or_documents():
+    from experiments.multi.compare import METRICS, format_table, relative
+
+    def member(base, order, forgetting, gain, docs=None):
+        m = {"base_seed": base, "order": order, "seed": 0,
+             "summary": {m: {"average_forgetting": forgetting, "adaptation_gain": gain}.get(m, 1.0) for m in METRICS}}
+        if docs:
+            m["vs_first_documents"] = docs
+        return m
+    ab, ba = ["math", "code"], ["code", "math"]
+    a = [member(0, ab, 0.40, 0.50), member(0, ba, 0.60, 0.70), member(1, ab, 0.30, 0.40), member(1, ba, 0.50, 0.40)]
+    b = [member(0, ab, 0.20, 0.45), member(0, ba, 0.30, 0.60), member(1, ab, 0.24, 0.36), member(1, ba, 0.16, 0.36)]
+    r = relative(a, b)
+    # base 0: 1 − 0.25/0.50 = 0.50, gain 0.525/0.60 = 0.875; base 1: 1 − 0.20/0.40 = 0.50, 0.36/0.40 = 0.90
+    cut, kept = r["forgetting_cut"], r["gain_kept"]
+    assert cut["unit"] == "base" and cut["values"] == pytest.approx([0.50, 0.50]) and cut["t95"] == pytest.approx([0.5, 0.5])
+    assert kept["values"] == pytest.approx([0.875, 0.90])
+    half = 12.706 * 0.0176777 / 2 ** 0.5  # t(0.975, 1); sample std of 0.875, 0.90
+    assert kept["t95"] == pytest.approx([0.8875 - half, 0.8875 + half], abs=1e-3)
+    # one base: each pair is a unit
+    one = relative(a[:2], b[:2])["forgetting_cut"]
+    assert one["unit"] == "pair" and one["values"] == pytest.approx([0.5, 0.5])
+    # one pair: the documents' interval of the difference, over the reference's value held fixed
+    docs = {"average_forgetting": {"value": -0.2, "low": -0.26, "high": -0.12},
+            "adaptation_gain": {"value": -0.05, "low": -0.10, "high": 0.02}}
+    single = relative(a[:1], [member(0, ab, 0.20, 0.45, docs)])
+    assert single["forgetting_cut"]["mean"] == pytest.approx(0.5)
+    assert single["forgetting_cut"]["documents"] == pytest.approx({"low": 0.30, "high": 0.65})
+    assert single["gain_kept"]["documents"] == pytest.approx({"low": 0.80, "high": 1.04})
+    # a zero reference has no fractions
+    assert relative([member(0, ab, 0.0, 0.5)], [member(0, ab, 0.1, 0.5)]).keys() == {"gain_kept"}
+    # printed as percentages with the interval of the unit
+    row = {"mode": "fast", "final_perplexity": {"mean": 1.0, "std": 0.0}, "relative_compute": 1.0, "state_bytes": 0,
+           **{m: {"mean": 0.0, "std": 0.0} for m in METRICS}}
+    vs = {m: {"mean": 0.0, "t95": [0.0, 0.0], "values": [0.0] * 4, "over_bases": {"t95": [0.0, 0.0]}} for m in METRICS}
+    text = format_table({"naive": row, "x": {**row, "vs_first": vs, "relative": r}}, [0], [0, 1], [ab, ba])
+    assert "relative to naive" in text and "t-interval over the 2 bases" in text
+    assert f"50.0 % [50.0, 50.0]" in text and f"88.8 % [{100 * (0.8875 - half):.1f}, {100 * (0.8875 + half):.1f}]" in text
