@@ -1,6 +1,9 @@
 """The report's section for a `clp compare` folder (comparison.json):
 
     table    entries × headline metrics, mean ± std over seeds, as comparison.json holds them
+    paired   every entry against the first: differences and the fractions targets are set in
+             (forgetting cut, gain kept), with the interval the comparison supports
+             (analysis/paired.py: over bases, over pairs, or over documents within one base)
     curves   forgetting curves per domain, one line per entry: the mean over its seeds, each seed's
              curve read from the member run's results.json
     scatter  average forgetting against adaptation gain per entry, error bars = std over seeds, the
@@ -17,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import metrics, report_plots
+from analysis import metrics, paired, report_plots
 from analysis.report_document import Image, Paragraph, Section, Table, num
 from analysis.report_inputs import ComparisonInput, RunInput
 from analysis.report_run import boundaries
@@ -67,6 +70,7 @@ def comparison_sections(comp: ComparisonInput) -> list[Section]:
                   "one seed), loss in nats; compute = train + eval time relative to the first entry of the same mode."),
         Table("comparison-table", heads, rows, "strategies × metrics (comparison.json)"),
     ]
+    blocks += paired_blocks(entries, len(comp.data.get("base_seeds") or []))
     if comp.missing:
         blocks.append(Paragraph(f"Member run folders not found (their curves are left out): {', '.join(comp.missing)}",
                                 note=True))
@@ -83,6 +87,35 @@ def comparison_sections(comp: ComparisonInput) -> list[Section]:
                      report_plots.scatter_png(points, f"{x.column_label} (nats)", f"{y.column_label} (nats)", front),
                      f"{y.column_label} against {x.column_label} per entry, Pareto front as a line")]
     return [Section("comparison", "Comparison", blocks)]
+
+
+def paired_blocks(entries: dict[str, dict[str, Any]], bases: int) -> list:
+    """Every entry against the first, as `clp compare` prints it (none for a one-entry comparison)."""
+    rows = paired.paired_rows(entries)
+    if not rows:
+        return []
+    first, within = next(iter(entries)), paired.is_within(entries)
+    table = columns()
+
+    def cell(c: tuple[float, float, float] | None, percent: bool = False, sign: bool = True) -> str:
+        if c is None:
+            return "–"
+        if percent:
+            return f"{100 * c[0]:.1f} % [{100 * c[1]:.1f}, {100 * c[2]:.1f}]"
+        return f"{num(c[0], 4, sign)} [{num(c[1], 3, sign)}, {num(c[2], 3, sign)}]"
+
+    out = []
+    for entry, row in rows:
+        diff, frac = paired.difference_cells(row, within), paired.fraction_cells(row, within)
+        out.append([entry, *[cell(diff.get(key)) for key in table],
+                    *[cell(frac.get(name), percent=True) for name in paired.FRACTIONS]])
+    heads = ["entry", *[f"Δ {label}" for label, _ in table.values()], *paired.FRACTIONS.values()]
+    fixed = f"; the fractions' interval holds {first}'s value fixed" if within else ""
+    return [Paragraph(f"Against {first}, member by member (same base, order and seed): Δ = entry − {first}; "
+                      f"forgetting cut = 1 − forgetting / {first}'s, gain kept = gain / {first}'s (with several "
+                      f"bases, each base's ratio of its members' means). Intervals: "
+                      f"{paired.interval_label(entries, bases)}{fixed}."),
+            Table("comparison-paired", heads, out, f"entries against {first} (comparison.json)")]
 
 
 def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from analysis.metrics import COMPARISON_TABLE, METRICS as REGISTRY
+from analysis.paired import (FRACTIONS, difference_cells, fraction_cells, interval_label, is_within,
+                             paired_rows)
 from cl_platform.atomic import atomic_write_json, atomic_write_text
 from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, read_yaml
 
@@ -337,54 +339,30 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
         cells.append(f"{row['state_bytes'] / 1e6:.2f} MB")
         cells.append(f"{row['stored_tokens']:,} tokens" if row.get("stored_tokens") else "none")
         lines.append(f"{entry:>18s} {row['mode']:>9s} " + "".join(f"{c:>20s}" for c in cells))
-    paired_rows = [(entry, row) for entry, row in table.items() if row.get("vs_first")]
-    pairs = len(next(iter(paired_rows[0][1]["vs_first"].values()))["values"]) if paired_rows else 0
-    if pairs:
+    rows = paired_rows(table)
+    if rows:
         first = next(iter(table))
-        # One base and seed: the interval is over the documents both runs scored; more: over the pairs.
-        within = pairs == 1
-        clustered = any("over_bases" in d for _, row in paired_rows for d in row["vs_first"].values())
-        what = ("one base and seed): value [95 % paired bootstrap over evaluation documents, within this base]"
-                if within else
-                f"member by member): mean [95 % t-interval over the {len(base_seeds or [])} bases, each the mean "
-                f"of its {pairs // len(base_seeds or [1])} pairs]" if clustered else
-                f"member by member): mean [95 % t-interval over the {pairs} pairs]")
-        lines += ["", f"paired differences from {first} (entry − {first}, {what}",
+        within = is_within(table)
+        lines += ["", f"paired differences from {first} (entry − {first}, member by member: "
+                      f"{'value' if within else 'mean'} [{interval_label(table, len(base_seeds or []))}])",
                   f"{'entry':>18s} " + "".join(f"{h:>28s}" for h in heads[:len(METRICS)])]
-        for entry, row in paired_rows:
-            if within:
-                stats = {m: (d["value"], d["low"], d["high"]) for m, d in row.get("vs_first_documents", {}).items()}
-            else:
-                stats = {m: (d["mean"], *d.get("over_bases", d)["t95"]) for m, d in row["vs_first"].items()}
+        for entry, row in rows:
+            stats = difference_cells(row, within)
             cells = [f"{stats[m][0]:+.4f} [{stats[m][1]:+.3f}, {stats[m][2]:+.3f}]" if m in stats else "n/a"
                      for m in METRICS]
             lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))
-        lines += _relative_lines(first, paired_rows, within, base_seeds)
+        if any(row.get("relative") for _, row in rows):
+            fixed = f"; the documents' interval over {first}'s value, held fixed" if within else ""
+            lines += ["", f"relative to {first} (forgetting cut = 1 − forgetting / {first}'s, gain kept = gain / "
+                          f"{first}'s; with several bases each base's ratio of its members' means; "
+                          f"{interval_label(table, len(base_seeds or []))}{fixed})",
+                      f"{'entry':>18s} " + "".join(f"{h:>25s}" for h in FRACTIONS.values())]
+            for entry, row in rows:
+                fr = fraction_cells(row, within)
+                cells = [f"{100 * fr[n][0]:.1f} % [{100 * fr[n][1]:.1f}, {100 * fr[n][2]:.1f}]" if n in fr else "n/a"
+                         for n in FRACTIONS]
+                lines.append(f"{entry:>18s} " + "".join(f"{c:>25s}" for c in cells))
     return "\n".join(lines)
-
-
-def _relative_lines(first: str, rows: list[tuple[str, dict]], within: bool, base_seeds: list[int] | None) -> list[str]:
-    """The `relative` fractions as a table: percent, with the interval of their unit."""
-    if not any(row.get("relative") for _, row in rows):
-        return []
-    some = next(d for _, row in rows for d in row.get("relative", {}).values())
-    what = ("one base and seed; 95 % paired bootstrap over evaluation documents, within this base, with "
-            f"{first}'s value held fixed" if within else
-            f"each base's ratio of its members' means; 95 % t-interval over the {len(base_seeds or [])} bases"
-            if some["unit"] == "base" else "95 % t-interval over the pairs")
-    lines = ["", f"relative to {first} (forgetting cut = 1 − forgetting / {first}'s, gain kept = gain / {first}'s; {what})",
-             f"{'entry':>18s} {'forgetting cut':>24s} {'gain kept':>24s}"]
-    for entry, row in rows:
-        cells = []
-        for name in ("forgetting_cut", "gain_kept"):
-            d = row.get("relative", {}).get(name)
-            if d is None:
-                cells.append("n/a")
-                continue
-            low, high = (d["documents"]["low"], d["documents"]["high"]) if within and "documents" in d else d["t95"]
-            cells.append(f"{100 * d['mean']:.1f} % [{100 * low:.1f}, {100 * high:.1f}]")
-        lines.append(f"{entry:>18s} " + "".join(f"{c:>25s}" for c in cells))
-    return lines
 
 
 def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,

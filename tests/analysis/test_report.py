@@ -298,6 +298,19 @@ def test_a_comparison_report_has_the_table_curves_and_scatter(made, tmp_path):
                 # NaN: retention 2 experiences later, with 2 experiences in the stream.
                 assert cell == "–" if math.isnan(value) else float(cell) == pytest.approx(value, abs=0.5e-4)
     assert not math.isnan(saved["naive"]["adaptation_gain"]["std"])  # 2 seeds: a real std was compared
+    # Against the first entry: the paired differences and fractions comparison.json holds, with
+    # their t-interval over the 2 pairs (2 seeds of one base).
+    paired = page.tables["comparison-paired"]
+    assert [r[0] for r in paired[1:]] == list(saved)[1:]
+    for row in paired[1:]:
+        d = saved[row[0]]["vs_first"]["average_forgetting"]
+        mean, low, high = (float(v) for v in row[paired[0].index("Δ average forgetting")].replace("[", "").replace(
+            "]", "").replace(",", "").split())
+        assert (mean, low, high) == pytest.approx((d["mean"], *d["t95"]), abs=0.5e-3)
+        cut = saved[row[0]]["relative"]["forgetting_cut"]
+        assert row[paired[0].index("forgetting cut")] == \
+            f"{100 * cut['mean']:.1f} % [{100 * cut['t95'][0]:.1f}, {100 * cut['t95'][1]:.1f}]"
+    assert "t-interval over the 2 pairs" in html.read_text()
     assert len(page.images) == 2  # curves (mean over seeds per entry) and the forgetting-vs-gain scatter
     assert "comparison-curves.png" in md.read_text() and (tmp_path / "cmp" / "comparison-scatter.png").is_file()
     # The Pareto front named under the scatter is the one the table's means give.
