@@ -4,7 +4,7 @@ it, on the experience's own segments; later domains may then overwrite the memor
 
     strategy: {name: distill, kwargs: {params: mlp, steps: 20, batch_size: 4, lr: 1.0e-3, after: keep,
                                        retain: 1.0, anchors: 16, anchor_length: 512, inputs: adapt,
-                                       rank: 0, hold: 0.0}}
+                                       rank: 0, hold: 0.0, slots: 0}}
 
 - teacher: the model with its memory as the experience left it (writes off), and with its slow
   weights as the consolidation found them: a copy of the chosen weights (MBs) read through
@@ -23,6 +23,12 @@ it, on the experience's own segments; later domains may then overwrite the memor
   read twice, and the targets are the memory's predictions on text it has not stored);
 - `params`: which slow weights learn — `mlp` (the dense MLPs), `pkm` (a static PKM's value rows),
   `all` (every slow parameter);
+- `slots` (0 = every row the step reads; `params: pkm` only): consolidation into a static PKM by
+  sparse memory finetuning — each step, only the `slots` value rows of each static PKM that the
+  student's forward on the new-domain inputs reads most specifically learn (TF-IDF against a
+  background of `anchors` texts of `anchor_length` tokens the model writes itself before the
+  first experience: `strategies.sparse_memory.SlotChoice`, the paper's score); every other row
+  and slow weight stays;
 - `rank` (0 = a dense update): r > 0 makes the consolidation low-rank, as LoRA (Hu et al. 2021):
   each chosen matrix W (every 2-D weight of `params`; vectors such as biases stay as they are)
   learns W + B·A with A (r × in) drawn uniform in ±1/√in from a seeded generator and B (out × r)
@@ -66,6 +72,7 @@ from cl_platform.sample import sample
 from cl_platform.strategy import Strategy, StrategyContext
 from strategies.lora import init_factors, target_matrices
 from strategies.lwf import token_kl
+from strategies.sparse_memory import SlotChoice
 
 PARAMS = ("mlp", "pkm", "all")
 AFTER = ("keep", "reset")
@@ -90,7 +97,7 @@ def chosen_parameters(model, which: str) -> tuple[list, list]:
 class Distill(Strategy):
     def __init__(self, params: str = "mlp", steps: int = 20, batch_size: int = 4, lr: float = 1e-3,
                  after: str = "keep", retain: float = 0.0, anchors: int = 16, anchor_length: int = 512,
-                 inputs: str = "adapt", rank: int = 0, hold: float = 0.0, seed: int = 0):
+                 inputs: str = "adapt", rank: int = 0, hold: float = 0.0, slots: int = 0, seed: int = 0):
         if params not in PARAMS:
             raise ValueError(f"distill: params must be one of {PARAMS}, got {params!r}")
         if after not in AFTER:
@@ -115,6 +122,12 @@ class Distill(Strategy):
         self.params, self.steps, self.batch_size, self.lr, self.after, self.seed = params, steps, batch_size, float(lr), after, seed
         self.retain, self.anchors, self.anchor_length, self.inputs = float(retain), anchors, anchor_length, inputs
         self.rank, self.hold = rank, float(hold)
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+            raise ValueError(f"distill: slots must be an int >= 0 (0: every row read), got {slots!r}")
+        if slots and params != "pkm":
+            raise ValueError(f"distill: slots chooses a static PKM's value rows; it needs params: pkm, got {params!r}")
+        # the rows each step may move (None: every row it reads)
+        self.choice = SlotChoice("distill", slots, "tfidf", anchors, anchor_length, seed) if slots else None
         self.held: list[list[float]] = []  # per consolidation: the adapted-memory KL at every step (hold > 0)
         self.before = None  # the memory as the current experience found it
         self.losses: list[list[float]] = []  # per consolidation: the new-domain KL at every step
@@ -122,8 +135,9 @@ class Distill(Strategy):
 
     @property
     def writes_texts(self) -> bool:
-        """Whether a consolidation samples texts (anchors for the retention term, or its inputs)."""
-        return self.retain > 0 or self.inputs == "samples"
+        """Whether a consolidation samples texts (anchors for the retention term, or its inputs,
+        or the background the chosen rows are scored against)."""
+        return self.retain > 0 or self.inputs == "samples" or self.choice is not None
 
     def check(self, model_config, mode, stream=None) -> None:
         if stream is not None and self.writes_texts:
@@ -141,10 +155,14 @@ class Distill(Strategy):
                              "use params: mlp or all")
         if self.params == "mlp" and len(model_config.pkm_layers) >= model_config.n_layer:
             raise ValueError("distill: params='mlp' needs an MLP, but every layer's MLP is a PKM; use params: pkm")
+        if self.choice is not None:
+            self.choice.check(model_config)
 
     def on_experience_start(self, ctx: StrategyContext) -> None:
         self.check(ctx.model.config, ctx.mode)
         self.before = ctx.model.snapshot_memory()
+        if self.choice is not None and not self.choice.df:  # the base speaking, before any experience
+            self.choice.count_background(ctx.model, ctx.require("current", "distill").data.segments.eot_id)
 
     def anchor_texts(self, model, experience: int, start: int) -> torch.Tensor:
         """(anchors, anchor_length + 1) the texts the model writes with its memory as the
@@ -242,7 +260,12 @@ class Distill(Strategy):
                     (self.hold * still).backward()
                     held.append(float(still.detach()))
                 model.restore_memory(self.before)
+                if self.choice is not None:
+                    self.choice.record(model, True)
                 loss = token_kl(teacher, student(x), y, 1.0)
+                if self.choice is not None:  # the rows this new-domain forward read most specifically
+                    chosen = self.choice.choose(model)
+                    self.choice.record(model, False)
                 total = loss
                 if self.retain > 0:
                     pick = torch.randint(0, len(texts), (min(self.batch_size, len(texts)),), generator=g_anchor,
@@ -255,6 +278,8 @@ class Distill(Strategy):
                     total = total + self.retain * kept
                     retained.append(float(kept.detach()))
                 total.backward()
+                if self.choice is not None:
+                    self.choice.mask(model, chosen)
                 for opt in opts:
                     opt.step()
                 losses.append(float(loss.detach()))
@@ -263,6 +288,8 @@ class Distill(Strategy):
                     for w, a, b in adapters.values():
                         w.add_(b @ a)
         finally:
+            if self.choice is not None:
+                self.choice.record(model, False)
             for p, flag in zip(trainable, flags):
                 p.requires_grad_(flag)
                 p.grad = None
@@ -291,13 +318,19 @@ class Distill(Strategy):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"before": memory_to_state(self.before), "losses": [list(ls) for ls in self.losses],
-                "retained": [list(ls) for ls in self.retained], "held": [list(ls) for ls in self.held]}
+        out = {"before": memory_to_state(self.before), "losses": [list(ls) for ls in self.losses],
+               "retained": [list(ls) for ls in self.retained], "held": [list(ls) for ls in self.held]}
+        if self.choice is not None:
+            out["background"] = self.choice.state_dict()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # checkpoints written before `hold` existed have no "held"
-        if set(state) not in ({"before", "losses", "retained", "held"}, {"before", "losses", "retained"}):
-            raise ValueError(f"distill: state has keys {sorted(state)}, expected ['before', 'held', 'losses', 'retained']")
+        # checkpoints written before `hold` existed have no "held"; "background" is there with `slots`
+        want = {"before", "losses", "retained", "held"} | ({"background"} if self.choice is not None else set())
+        if set(state) != want and not (self.choice is None and set(state) == {"before", "losses", "retained"}):
+            raise ValueError(f"distill: state has keys {sorted(state)}, expected {sorted(want)}")
+        if self.choice is not None:
+            self.choice.load_state_dict(state["background"])
         self.before = memory_from_state(state["before"])
         self.losses = [list(ls) for ls in state["losses"]]
         self.retained = [list(ls) for ls in state["retained"]]

@@ -87,20 +87,22 @@ def keep_rows(grad: Tensor, rows: Tensor) -> Tensor:
     return torch.sparse_coo_tensor(g.indices()[:, keep], g.values()[keep], g.shape, check_invariants=False).coalesce()
 
 
-class SparseMemory(Strategy):
-    def __init__(self, slots: int = 500, score: str = "tfidf", background: int = 64, length: int = 256,
+class SlotChoice:
+    """The rows of every static PKM that one forward reads most specifically: the `slots` best by
+    `score` (module docstring), against a background of `background` texts of `length` tokens the
+    model writes itself (`count_background`, once). Sparse memory finetuning chooses with it every
+    training batch; `distill` (`params: pkm, slots: t`) every consolidation step."""
+
+    def __init__(self, who: str, slots: int, score: str = "tfidf", background: int = 64, length: int = 256,
                  seed: int = 0):
         for name, value in (("slots", slots), ("background", background), ("length", length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"sparse_memory: {name} must be a positive int, got {value!r}")
+                raise ValueError(f"{who}: {name} must be a positive int, got {value!r}")
         if score not in SCORES:
-            raise ValueError(f"sparse_memory: score must be one of {SCORES}, got {score!r}")
-        self.slots, self.score, self.background, self.length, self.seed = slots, score, background, length, int(seed)
+            raise ValueError(f"{who}: score must be one of {SCORES}, got {score!r}")
+        self.who, self.slots, self.score, self.background, self.length, self.seed = who, slots, score, background, length, int(seed)
         self.df: dict[str, Tensor] = {}  # per PKM layer: (N,) background texts that read each slot
         self.reads: dict[str, Tensor] = {}  # per PKM layer: (N,) background reads of each slot
-        self.chosen: dict[str, Tensor] = {}  # per PKM layer: this batch's trainable rows
-        self.trained: dict[str, Tensor] = {}  # per PKM layer: (N,) bool, rows chosen at least once
-        self.steps = 0
 
     @staticmethod
     def pkms(model) -> dict[str, Any]:
@@ -108,25 +110,22 @@ class SparseMemory(Strategy):
 
         return {name: m for name, m in model.named_modules() if isinstance(m, PKM)}
 
-    def check(self, model_config, mode, stream=None) -> None:
+    def check(self, model_config, stream=None) -> None:
         if not model_config.pkm_layers:
-            raise ValueError("sparse_memory: the model has no static PKM (model.pkm_layers is empty), so there "
-                             "are no memory slots to finetune")
-        if mode != "finetune":
-            raise ValueError("sparse_memory trains a static PKM's value rows; in 'fast' mode slow weights are "
-                             "frozen (use cl.mode: finetune)")
+            raise ValueError(f"{self.who}: the model has no static PKM (model.pkm_layers is empty), so there are "
+                             f"no memory slots to choose")
         n = model_config.pkm.num_slots
         if self.slots > n:
-            raise ValueError(f"sparse_memory: slots {self.slots} is more than the static PKM has ({n})")
+            raise ValueError(f"{self.who}: slots {self.slots} is more than the static PKM has ({n})")
         if stream is not None:
             seq_len = list(stream)[0].data.segments.seq_len
             if self.length > seq_len:
-                raise ValueError(f"sparse_memory: background length {self.length} is longer than the stream's "
+                raise ValueError(f"{self.who}: background length {self.length} is longer than the stream's "
                                  f"segments ({seq_len} tokens), the longest context the runs train the model on")
 
-    # --- the background ---------------------------------------------------------------------
     def count_background(self, model, eot: int) -> None:
-        """df and total reads per PKM layer over `background` texts sampled from the model."""
+        """df and total reads per PKM layer over `background` texts sampled from the model, each
+        read once as a background batch, the run left as it was."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + 11)
         texts = sample(model, self.background, self.length, generator=g, start=eot)  # (D, length + 1)
         layers = self.pkms(model)
@@ -134,8 +133,7 @@ class SparseMemory(Strategy):
         df = {name: torch.zeros(m.config.num_slots, dtype=torch.long) for name, m in layers.items()}
         reads = {name: torch.zeros(m.config.num_slots, dtype=torch.long) for name, m in layers.items()}
         with reading_only(model), torch.no_grad():
-            for name, m in layers.items():
-                m.record_reads = True
+            self.record(model, True)
             try:
                 for row in texts:
                     model(row[None, :-1].to(device))  # one text, one background batch
@@ -144,68 +142,101 @@ class SparseMemory(Strategy):
                         df[name] += (c > 0).long()
                         reads[name] += c
             finally:
-                for m in layers.values():
-                    m.record_reads, m.last_reads = False, None
+                self.record(model, False)
         self.df, self.reads = df, reads
+
+    def record(self, model, on: bool) -> None:
+        """Switch every static PKM's `record_reads` (off also drops the last forward's ids)."""
+        for m in self.pkms(model).values():
+            m.record_reads = on
+            if not on:
+                m.last_reads = None
+
+    def choose(self, model) -> dict[str, Tensor]:
+        """Per static PKM, the chosen rows for the reads of its last forward (ids on the host)."""
+        out = {}
+        for name, m in self.pkms(model).items():
+            if not m.record_reads or m.last_reads is None:
+                raise RuntimeError(f"{self.who}: the static PKM {name} recorded no reads in this forward "
+                                   f"(switch `record_reads` on before it)")
+            counts = batch_reads(m.last_reads, m.config.num_slots).cpu()
+            out[name] = top_slots(smf_scores(counts, self.df[name], self.background, self.reads[name], self.score),
+                                  self.slots)
+        return out
+
+    def mask(self, model, chosen: dict[str, Tensor]) -> None:
+        """Every static PKM's value gradient cut to its chosen rows."""
+        for name, m in self.pkms(model).items():
+            if m.values.weight.grad is not None:
+                m.values.weight.grad = keep_rows(m.values.weight.grad, chosen[name])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"df": {k: v.clone() for k, v in self.df.items()}, "reads": {k: v.clone() for k, v in self.reads.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.df = {k: v.clone() for k, v in state["df"].items()}
+        self.reads = {k: v.clone() for k, v in state["reads"].items()}
+
+
+class SparseMemory(Strategy):
+    def __init__(self, slots: int = 500, score: str = "tfidf", background: int = 64, length: int = 256,
+                 seed: int = 0):
+        self.choice = SlotChoice("sparse_memory", slots, score, background, length, seed)
+        self.chosen: dict[str, Tensor] = {}  # per PKM layer: this batch's trainable rows
+        self.trained: dict[str, Tensor] = {}  # per PKM layer: (N,) bool, rows chosen at least once
+        self.steps = 0
+
+    def check(self, model_config, mode, stream=None) -> None:
+        self.choice.check(model_config, stream)
+        if mode != "finetune":
+            raise ValueError("sparse_memory trains a static PKM's value rows; in 'fast' mode slow weights are "
+                             "frozen (use cl.mode: finetune)")
 
     # --- hooks ------------------------------------------------------------------------------
     def on_experience_start(self, ctx: StrategyContext) -> None:
         self.check(ctx.model.config, ctx.mode)
-        if not self.df:
-            eot = ctx.require("current", "sparse_memory").data.segments.eot_id
-            self.count_background(ctx.model, eot)
-        for name, m in self.pkms(ctx.model).items():
+        if not self.choice.df:
+            self.choice.count_background(ctx.model, ctx.require("current", "sparse_memory").data.segments.eot_id)
+        for name, m in self.choice.pkms(ctx.model).items():
             self.trained.setdefault(name, torch.zeros(m.config.num_slots, dtype=torch.bool))
 
     def transform_batch(self, batch, ctx: StrategyContext):
         # Switched on before every training forward, not once at the experience start: a run
         # resumed in the middle of an experience does not start it again.
-        for m in self.pkms(ctx.model).values():
-            m.record_reads = True
+        self.choice.record(ctx.model, True)
         return batch
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
-        for m in self.pkms(ctx.model).values():
-            m.record_reads, m.last_reads = False, None
+        self.choice.record(ctx.model, False)
 
     def after_write(self, ctx: StrategyContext) -> None:
         # Right after the training forward: its reads are the batch's term frequencies.
-        self.chosen = {}
-        for name, m in self.pkms(ctx.model).items():
-            if not m.record_reads or m.last_reads is None:
-                raise RuntimeError(f"sparse_memory: the static PKM {name} recorded no reads in this training "
-                                   f"forward (transform_batch switches the recording on before it)")
-            counts = batch_reads(m.last_reads, m.config.num_slots).cpu()
-            scores = smf_scores(counts, self.df[name], self.background, self.reads[name], self.score)
-            self.chosen[name] = top_slots(scores, self.slots)
+        self.chosen = self.choice.choose(ctx.model)
 
     def after_backward(self, ctx: StrategyContext) -> None:
-        layers = self.pkms(ctx.model)
-        keep = {id(m.values.weight): name for name, m in layers.items()}
+        values = {id(m.values.weight) for m in self.choice.pkms(ctx.model).values()}
         for p in ctx.model.parameters():
-            name = keep.get(id(p))
-            if name is None or p.grad is None or name not in self.chosen:
+            if id(p) not in values:
                 p.grad = None
-                continue
-            p.grad = keep_rows(p.grad, self.chosen[name])
-            self.trained[name][self.chosen[name]] = True
+        self.choice.mask(ctx.model, self.chosen)
+        for name, rows in self.chosen.items():
+            self.trained[name][rows] = True
         self.steps += 1
 
     # --- bookkeeping ------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        return {"slots_per_step": self.slots, "score": self.score, "steps": self.steps,
-                "background_texts": self.background,
+        c = self.choice
+        return {"slots_per_step": c.slots, "score": c.score, "steps": self.steps, "background_texts": c.background,
                 "slots_trained": {n: int(t.sum()) for n, t in sorted(self.trained.items())},
-                "background_slots_read": {n: int((d > 0).sum()) for n, d in sorted(self.df.items())}}
+                "background_slots_read": {n: int((d > 0).sum()) for n, d in sorted(c.df.items())}}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"df": {k: v.clone() for k, v in self.df.items()}, "reads": {k: v.clone() for k, v in self.reads.items()},
-                "trained": {k: v.clone() for k, v in self.trained.items()}, "steps": self.steps}
+        return {**self.choice.state_dict(), "trained": {k: v.clone() for k, v in self.trained.items()},
+                "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != {"df", "reads", "trained", "steps"}:
             raise ValueError(f"sparse_memory: state has keys {sorted(state)}, expected ['df', 'reads', 'steps', 'trained']")
-        self.df = {k: v.clone() for k, v in state["df"].items()}
-        self.reads = {k: v.clone() for k, v in state["reads"].items()}
+        self.choice.load_state_dict(state)
         self.trained = {k: v.clone() for k, v in state["trained"].items()}
         self.steps = int(state["steps"])

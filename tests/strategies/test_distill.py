@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule
+from cl_platform.memory.pkm import PKMConfig
 from cl_platform.model import FwPKMLM, ModelConfig
 from cl_platform.strategy import StrategyContext
 from cl_platform.sample import sample
@@ -319,3 +320,66 @@ def test_the_teacher_stays_put_and_hold_keeps_the_model_with_its_adapted_memory_
     assert s3.held == []
     with pytest.raises(ValueError, match="hold"):
         Distill(hold=-0.5)
+
+
+def pkm_experience(strategy, seed=0):
+    """Experience 1 on a model with a static PKM in place of layer 0's MLP, adapted, not yet ended."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=32, n_layer=2, d_model=32, n_head=2, window=8, fwpkm_layers=[1],
+                      fwpkm=FwPKMConfig(num_subkeys=8, d_key=16, d_value=16, topk=4), pkm_layers=[0],
+                      pkm=PKMConfig(num_subkeys=8, d_key=16, d_value=16, heads=2, topk=4))
+    model = FwPKMLM(cfg, WriteRule(chunk=8, lr_values=1.0))
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    _, segs = setup(seed)
+    ctx = StrategyContext(model=model, experience=1, domain="math", mode="fast",
+                          current=SimpleNamespace(data=SimpleNamespace(segments=Segments(segs))))
+    strategy.on_experience_start(ctx)
+    adapt(model, segs)
+    return model, ctx
+
+
+class Segments(list):
+    """Segments with the stream's <|endoftext|> id, as PackedSegments carries it."""
+    eot_id = 0
+    seq_len = 16
+
+
+@pytest.mark.parametrize("slots", [0, 5])
+def test_consolidation_into_a_static_pkm_moves_only_value_rows_and_with_slots_the_chosen_few(slots):
+    s = Distill(params="pkm", steps=1 if slots else 6, batch_size=3, lr=1e-2, slots=slots, anchors=4, anchor_length=8)
+    model, ctx = pkm_experience(s)
+    values = model.blocks[0].ffn.values.weight
+    slow = {n: p.clone() for n, p in model.named_parameters()}
+    if slots:  # the background was counted from the base's own texts when the experience began
+        assert int(s.choice.reads["blocks.0.ffn"].sum()) == 4 * 8 * 2 * 4  # texts x tokens x heads x top-k
+    s.on_experience_end(ctx)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, slow[n]) == (n != "blocks.0.ffn.values.weight"), n
+    rows = torch.nonzero((values != slow["blocks.0.ffn.values.weight"]).any(1)).squeeze(1)
+    if slots:  # one step: exactly `slots` rows (the batch reads far more: 3 x 16 tokens x 2 heads x top-4)
+        assert len(rows) == slots
+    else:
+        assert len(rows) > 5 and s.losses[-1][-1] < s.losses[-1][0]
+    if slots:  # the recording is off again, and the background is state: a resume scores against it
+        assert all(not m.record_reads and m.last_reads is None for m in s.choice.pkms(model).values())
+        again = Distill(params="pkm", steps=1, batch_size=3, lr=1e-2, slots=slots, anchors=4, anchor_length=8)
+        again.load_state_dict(s.state_dict())
+        assert torch.equal(again.choice.df["blocks.0.ffn"], s.choice.df["blocks.0.ffn"])
+
+
+def test_slots_bad_input_is_refused():
+    with pytest.raises(ValueError, match="slots chooses a static PKM's value rows; it needs params: pkm"):
+        Distill(params="mlp", slots=4)
+    with pytest.raises(ValueError, match="slots must be an int >= 0"):
+        Distill(params="pkm", slots=-1)
+    model, _ = setup()
+    with pytest.raises(ValueError, match="params='pkm' needs a static PKM layer"):
+        Distill(params="pkm", slots=4).check(model.config, "fast")
+    cfg = ModelConfig(vocab_size=32, n_layer=2, d_model=32, n_head=2, window=8, fwpkm_layers=[1], pkm_layers=[0],
+                      pkm=PKMConfig(num_subkeys=8, d_key=16, d_value=16, heads=2, topk=4))
+    with pytest.raises(ValueError, match="slots 65 is more than the static PKM has \\(64\\)"):
+        Distill(params="pkm", slots=65).check(cfg, "fast")
+    with pytest.raises(ValueError, match="state has keys"):
+        Distill(params="pkm", slots=4).load_state_dict({"before": None, "losses": [], "retained": [], "held": []})

@@ -99,7 +99,7 @@ def test_one_step_moves_exactly_the_top_rows_by_lazy_adams_first_step():
     _, loss = ref(x, y)
     loss.backward()
     grad = ref.blocks[0].ffn.values.weight.grad.to_dense()
-    want_rows = hand_choice(ref.blocks[0].ffn.last_reads, s.df["blocks.0.ffn"], 4, t)
+    want_rows = hand_choice(ref.blocks[0].ffn.last_reads, s.choice.df["blocks.0.ffn"], 4, t)
 
     engine_steps(model, s, [(x, y)], lr=lr, ctx=ctx)
     after = dict(model.named_parameters())
@@ -128,7 +128,7 @@ def test_the_background_is_the_models_texts_counted_without_touching_the_run():
     after = layer.snapshot()
     assert all(torch.equal(a, b) for a, b in zip(state, after)) and (layer.writes_enabled, layer.calls, layer.writes) == flags
     assert model.training
-    df, reads = s.df["blocks.0.ffn"], s.reads["blocks.0.ffn"]
+    df, reads = s.choice.df["blocks.0.ffn"], s.choice.reads["blocks.0.ffn"]
     # each of the 5 texts reads 8 tokens x 2 heads x top-2 slots
     assert int(reads.sum()) == 5 * 8 * 2 * 2 and int(df.max()) <= 5 and bool((df <= reads).all())
     assert bool(((df > 0) == (reads > 0)).all())
@@ -137,7 +137,7 @@ def test_the_background_is_the_models_texts_counted_without_touching_the_run():
     again.on_experience_start(context(tiny_model()))
     other = SparseMemory(slots=3, background=5, length=8, seed=4)
     other.on_experience_start(context(tiny_model()))
-    assert torch.equal(again.df["blocks.0.ffn"], df) and not torch.equal(other.reads["blocks.0.ffn"], reads)
+    assert torch.equal(again.choice.df["blocks.0.ffn"], df) and not torch.equal(other.choice.reads["blocks.0.ffn"], reads)
 
 
 def test_the_model_learns_its_batches_and_only_a_few_rows_move():
@@ -164,7 +164,7 @@ def test_a_resumed_strategy_chooses_as_the_uninterrupted_one():
     resumed = SparseMemory(slots=3, background=4, length=8)
     resumed.load_state_dict(first.state_dict())
     ctx3 = context(part)  # resumed in the middle of the experience: no on_experience_start, as the engine does
-    assert torch.equal(resumed.df["blocks.0.ffn"], first.df["blocks.0.ffn"])
+    assert torch.equal(resumed.choice.df["blocks.0.ffn"], first.choice.df["blocks.0.ffn"])
     engine_steps(part, resumed, data[2:], opt=opt2, ctx=ctx3)
     for (n, a), b in zip(whole.named_parameters(), part.parameters()):
         assert torch.equal(a, b), n
