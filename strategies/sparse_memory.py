@@ -153,13 +153,22 @@ class SlotChoice:
                 m.last_reads = None
 
     def choose(self, model) -> dict[str, Tensor]:
-        """Per static PKM, the chosen rows for the reads of its last forward (ids on the host)."""
+        """Per static PKM, the chosen rows for the reads of its last forward (ids on the host).
+        Under data parallelism the counts are summed over the ranks first: DDP has already
+        averaged the gradients, so a rank that chose other rows would step the same table
+        differently from its peers."""
+        from cl_platform.memory.fwpkm import data_parallel_reducer
+
+        ranks = data_parallel_reducer()
         out = {}
         for name, m in self.pkms(model).items():
             if not m.record_reads or m.last_reads is None:
                 raise RuntimeError(f"{self.who}: the static PKM {name} recorded no reads in this forward "
                                    f"(switch `record_reads` on before it)")
-            counts = batch_reads(m.last_reads, m.config.num_slots).cpu()
+            counts = batch_reads(m.last_reads, m.config.num_slots)
+            if ranks is not None:  # the global batch's reads: every rank chooses the same rows
+                counts = ranks.sum(counts)
+            counts = counts.cpu()
             out[name] = top_slots(smf_scores(counts, self.df[name], self.background, self.reads[name], self.score),
                                   self.slots)
         return out

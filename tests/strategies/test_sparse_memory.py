@@ -188,3 +188,48 @@ def test_bad_input_is_refused():
     for kwargs, field in (({"slots": 0}, "slots"), ({"background": 1.5}, "background"), ({"score": "idf"}, "score")):
         with pytest.raises(ValueError, match=field):
             SparseMemory(**kwargs)
+
+
+def ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        model, s = tiny_model(), SparseMemory(slots=3, background=4, length=8)
+        s.choice.count_background(model, 0)  # identical on every rank: same model, same seed
+        (x, _), = batches(1, B=2 * world)
+        s.choice.record(model, True)
+        with torch.no_grad():
+            model(x[2 * rank:2 * rank + 2])  # each rank reads its own share of the batch
+        torch.save(s.choice.choose(model), os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_under_data_parallelism_every_rank_chooses_the_rows_of_the_whole_batch(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(ddp_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world))
+    model, s = tiny_model(), SparseMemory(slots=3, background=4, length=8)
+    s.choice.count_background(model, 0)
+    (x, _), = batches(1, B=2 * world)
+    s.choice.record(model, True)
+    with torch.no_grad():
+        model(x)
+    whole = s.choice.choose(model)
+    assert torch.equal(r0["blocks.0.ffn"], whole["blocks.0.ffn"]) and torch.equal(r1["blocks.0.ffn"], whole["blocks.0.ffn"])
+    # ... which one rank's share alone would not always give: the test can fail
+    s.choice.record(model, True)
+    with torch.no_grad():
+        model(x[:2])
+    alone = s.choice.choose(model)["blocks.0.ffn"]
+    s.choice.record(model, True)
+    with torch.no_grad():
+        model(x[2:])
+    assert not (torch.equal(alone, whole["blocks.0.ffn"]) and torch.equal(s.choice.choose(model)["blocks.0.ffn"], alone))
