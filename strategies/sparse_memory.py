@@ -19,6 +19,11 @@ Per training batch and static PKM layer (`model.pkm_layers`):
   slot id); every other gradient in the model is dropped, so the run's optimiser (lazy Adam on
   the sparse rows, `cl_platform.optim.MixedAdamW`) moves those rows and nothing else. Keys,
   queries, the other rows, the FwPKM layers' slow weights and every dense weight stay frozen.
+  Under data parallelism c is the global batch's (summed over the ranks), so every rank keeps
+  the same rows of the gradient DDP has already averaged.
+
+`SlotChoice` is the choice alone (background, scores, top-t, the gradient mask); `distill`'s
+consolidation into a static PKM (`params: pkm, slots: t`) uses it too.
 
 The background. The paper counts df over 1,000 batches of pretraining data (DCLM), so that slots
 every text uses (function words, formatting) are not the ones a new domain overwrites. This
