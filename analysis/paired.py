@@ -54,6 +54,11 @@ def fraction_cells(row: dict[str, Any], within: bool) -> dict[str, Cell]:
     return out
 
 
+def percent_cell(c: Cell) -> str:
+    """A fraction cell as printed: `58.0 % [43.0, 73.0]`."""
+    return f"{100 * c[0]:.1f} % [{100 * c[1]:.1f}, {100 * c[2]:.1f}]"
+
+
 def interval_label(entries: dict[str, dict[str, Any]], bases: int) -> str:
     """What the intervals of `difference_cells` are over, in words."""
     pairs = pairs_of(entries)

@@ -97,18 +97,14 @@ def paired_blocks(entries: dict[str, dict[str, Any]], bases: int) -> list:
     first, within = next(iter(entries)), paired.is_within(entries)
     table = columns()
 
-    def cell(c: tuple[float, float, float] | None, percent: bool = False, sign: bool = True) -> str:
-        if c is None:
-            return "–"
-        if percent:
-            return f"{100 * c[0]:.1f} % [{100 * c[1]:.1f}, {100 * c[2]:.1f}]"
-        return f"{num(c[0], 4, sign)} [{num(c[1], 3, sign)}, {num(c[2], 3, sign)}]"
+    def cell(c: tuple[float, float, float] | None) -> str:
+        return "–" if c is None else f"{num(c[0], 4, True)} [{num(c[1], 3, True)}, {num(c[2], 3, True)}]"
 
     out = []
     for entry, row in rows:
         diff, frac = paired.difference_cells(row, within), paired.fraction_cells(row, within)
         out.append([entry, *[cell(diff.get(key)) for key in table],
-                    *[cell(frac.get(name), percent=True) for name in paired.FRACTIONS]])
+                    *[paired.percent_cell(frac[name]) if name in frac else "–" for name in paired.FRACTIONS]])
     heads = ["entry", *[f"Δ {label}" for label, _ in table.values()], *paired.FRACTIONS.values()]
     fixed = f"; the fractions' interval holds {first}'s value fixed" if within else ""
     return [Paragraph(f"Against {first}, member by member (same base, order and seed): Δ = entry − {first}; "

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from analysis.metrics import COMPARISON_TABLE, METRICS as REGISTRY
-from analysis.paired import (FRACTIONS, difference_cells, fraction_cells, interval_label, is_within,
-                             paired_rows)
+from analysis.paired import (FRACTIONS, difference_cells, fraction_cells, interval_label, is_within, paired_rows,
+                             percent_cell)
 from cl_platform.atomic import atomic_write_json, atomic_write_text
 from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, read_yaml
 
@@ -359,8 +359,7 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
                       f"{'entry':>18s} " + "".join(f"{h:>25s}" for h in FRACTIONS.values())]
             for entry, row in rows:
                 fr = fraction_cells(row, within)
-                cells = [f"{100 * fr[n][0]:.1f} % [{100 * fr[n][1]:.1f}, {100 * fr[n][2]:.1f}]" if n in fr else "n/a"
-                         for n in FRACTIONS]
+                cells = [percent_cell(fr[n]) if n in fr else "n/a" for n in FRACTIONS]
                 lines.append(f"{entry:>18s} " + "".join(f"{c:>25s}" for c in cells))
     return "\n".join(lines)
 
