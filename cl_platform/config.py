@@ -94,18 +94,25 @@ class PretrainConfig:
     eval_every: int = 50  # steps between evaluations of the loss curve on the eval splits
     eval_segments: int = 4  # segments per domain in those evaluations (the final one uses all)
     checkpoint_every: int = 50
-    # Where it runs (cl_platform/device.py): auto = CUDA where torch sees a GPU, else the CPU. Not
-    # part of the base key, like the thread count: the same settings on another device are the
+    # Where it runs (cl_platform/device.py): auto = CUDA where torch sees a GPU, else the CPU.
+    # devices × num_nodes > 1: data parallel (Lightning DDP), each rank reading batch_size / world
+    # segments of every step, so a step sees the same batch_size segments as one process. None of
+    # the three is part of the base key, like the thread count: the same settings elsewhere are the
     # same base up to float rounding (the provenance records the machine).
     accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
 
     # Fields that change when and how progress is reported, never the weights.
     REPORTING: typing.ClassVar[tuple[str, ...]] = ("log_every", "eval_every", "eval_segments", "checkpoint_every")
-    PLACEMENT: typing.ClassVar[tuple[str, ...]] = ("accelerator",)
+    PLACEMENT: typing.ClassVar[tuple[str, ...]] = ("accelerator", "devices", "num_nodes")
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", *self.REPORTING):
+        for name in ("steps", "batch_size", "devices", "num_nodes", *self.REPORTING):
             check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
+        world = self.devices * self.num_nodes
+        check(self.batch_size % world == 0, self, "batch_size",
+              f"must be a multiple of devices × num_nodes = {world} (each rank reads an equal share of every step)")
         check(is_int(self.warmup_steps, 0), self, "warmup_steps", "must be an int >= 0")
         check(is_number(self.lr, 0.0, strict=True), self, "lr", "must be a finite number > 0")
         for name in ("weight_decay", "grad_clip"):

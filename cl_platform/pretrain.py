@@ -9,6 +9,13 @@ The slow weights learn through the fast-weight writes, as in the paper: every fo
 memory chunk by chunk, the loss of chunk c+1 back-propagates into the writes of chunk c, and the
 memory persists from batch to batch. AdamW (MixedAdamW) with linear warm-up and cosine decay.
 
+Data parallel (`devices` × `num_nodes` > 1, Lightning DDP): rank r of W reads positions r, r + W,
+... of the step order, batch_size / W segments a step, so the W ranks of a step read together the
+batch_size segments one process would; DDP averages the slow weights' gradients and the FwPKM
+layers sum their writes over the ranks (every rank holds the same memory). Every rank evaluates
+(memory frozen: no collective) and keeps the record; rank 0 alone writes checkpoints, the base and
+the record, and every rank resumes from the same `last.ckpt`. The loss curve is the ranks' mean.
+
 `data` is duck-typed like `streams.datamodule.PretrainDataModule`: `set_position(epoch, start)`
 and `train_dataloader()` whose sampler yields that epoch's shuffled order. The runner reads the
 orders itself and feeds Lightning one DataLoader over exactly the samples still to train on, so
@@ -35,6 +42,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 
 from cl_platform.atomic import WriteError, atomic_write_json
@@ -42,7 +50,7 @@ from cl_platform.callbacks import TrainingLogger, log_scalars, mark_restart
 from cl_platform.checkpoint import latest_checkpoint, load_latest, previous_path, save_checkpoint
 from cl_platform.config import PretrainConfig
 from cl_platform.constants import IGNORE_INDEX
-from cl_platform.device import HOST, Placement
+from cl_platform.device import HOST, Placement, launch_rank
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, mean_loss
 from cl_platform.model import FwPKMLM
 from cl_platform.provenance import VERSIONS, base_code, machine
@@ -101,6 +109,11 @@ class Pretrainer:
         model.set_write_rules(config.fwpkm)
         self.module = LMModule(model, phase="pretrain", optim=optim, seed=config.seed,
                                eval_domains=list(eval_loaders), precision=config.precision)
+        self.placement = Placement.of(config)
+        if self.placement.world_size > 1:
+            # Lightning learns the rank when the Trainer sets up; a node started by hand (NODE_RANK
+            # only) would act as rank 0 until then.
+            rank_zero_only.rank = launch_rank(self.placement.devices)
         self.position = self.module.position
         self.logger = TensorBoardLogger(save_dir=str(self.out_dir), name="", version="tensorboard",
                                         default_hp_metric=False)
@@ -119,6 +132,10 @@ class Pretrainer:
             # cached base built by other code is found by comparing this (experiments/base.py).
             "code": base_code(),
         }
+
+    @property
+    def is_rank_zero(self) -> bool:
+        return rank_zero_only.rank == 0
 
     @property
     def base_path(self) -> Path:
@@ -152,10 +169,12 @@ class Pretrainer:
             self.eval_point()
         remaining = self.config.steps - self.position.step
         if remaining > 0:
-            loader = self._loader(self.position.step, remaining)
             hooks = StepHooks(self._after_step, on_start=self._set_trainer)
             callbacks = [TrainingLogger(self.config.log_every, "pretrain"), hooks]
-            trainer = make_trainer(Placement.of(self.config), callbacks, self.logger, self.progress_bar)
+            # The loader shards the steps itself (shard_data=False): a resumed run reads the rest
+            # of the same sharded order.
+            trainer = make_trainer(self.placement, callbacks, self.logger, self.progress_bar, shard_data=False)
+            loader = self._loader(self.position.step, remaining, rank=trainer.global_rank, world=trainer.world_size)
             try:
                 trainer.fit(self.module, train_dataloaders=loader)
             except NonFiniteLossError as err:
@@ -173,6 +192,8 @@ class Pretrainer:
             machine=machine(),
         )
         log_scalars(self.logger, {f"pretrain/final/{d}": v for d, v in final.items()}, self.position.step)
+        if not self.is_rank_zero:
+            return self.record
         save_checkpoint(self.base_path, "base", self.module.model.config, {
             "key": self.key, "model": self.module.model.state_dict(), "record": self.record,
         })
@@ -188,7 +209,7 @@ class Pretrainer:
     def _after_step(self, step: int) -> None:
         """Every step: the loss curve; every `eval_every` steps: evaluation; checkpoints when due."""
         cfg = self.config
-        self.record["loss_curve"].append([step, self.module.last_losses["lm"]])
+        self.record["loss_curve"].append([step, self._rank_mean(self.module.last_losses["lm"])])
         if step % cfg.eval_every == 0 or step == cfg.steps:
             self.eval_point()
         if step % cfg.checkpoint_every == 0 and step < cfg.steps:
@@ -203,7 +224,19 @@ class Pretrainer:
         metrics["pretrain/eval/mean_loss"] = mean_loss(values.values())
         log_scalars(self.logger, metrics, step)
 
+    def _rank_mean(self, value: float) -> float:
+        """`value` averaged over the data-parallel ranks (itself in one process)."""
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return value
+        # On the ranks' own device (NCCL reduces CUDA tensors only); every rank calls this each step.
+        mean = trainer.strategy.reduce(torch.tensor(value, dtype=torch.float64, device=trainer.strategy.root_device),
+                                       reduce_op="mean")
+        return float(mean)
+
     def save_progress(self) -> None:
+        if not self.is_rank_zero:
+            return  # every rank holds the same weights, memory and optimiser state
         trainer = self.trainer
         optimizer = trainer.optimizers[0].state_dict() if trainer is not None and trainer.optimizers else None
         save_checkpoint(self.out_dir / PROGRESS, "pretrain", self.module.model.config, {
@@ -230,8 +263,10 @@ class Pretrainer:
     def _seq_len(self) -> int:
         return int(self._dataset()[0]["input_ids"].shape[0])
 
-    def _loader(self, done_steps: int, steps: int) -> DataLoader:
-        """The samples of steps done_steps .. done_steps + steps, epoch orders from `data`."""
+    def _loader(self, done_steps: int, steps: int, rank: int = 0, world: int = 1) -> DataLoader:
+        """The samples of steps done_steps .. done_steps + steps, epoch orders from `data`; with
+        `world` ranks, rank `rank`'s share: positions rank, rank + world, ... of that order, in
+        batches of batch_size / world (so step k of every rank reads from the same global batch)."""
         batch = self.config.batch_size
         dataset = self._dataset()
         n = len(dataset)
@@ -242,4 +277,4 @@ class Pretrainer:
             order = list(self.data.train_dataloader().sampler)
             lo, hi = max(first - epoch * n, 0), min(last - epoch * n, n)
             indices += order[lo:hi]
-        return DataLoader(dataset, batch_size=batch, sampler=indices)
+        return DataLoader(dataset, batch_size=batch // world, sampler=indices[rank::world])

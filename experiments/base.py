@@ -63,9 +63,14 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
     reproduces, is used where it lies (`shipped_base`), so that a config which pretrains a
     shipped base (`clp eval`/`clp niah` families, experiments/configs/reference.yaml) reads it
     instead of rebuilding it for an hour."""
+    from cl_platform.device import launch_rank
     from cl_platform.file_lock import FileLock
 
     out = base_dir(setup, base_key(setup))
+    if launch_rank(setup.config.pretrain.devices) > 0:
+        # A data-parallel pretraining's other ranks: rank 0 holds the lock for the whole
+        # pretraining, which needs these ranks in it; they follow rank 0's decisions and write nothing.
+        return _ensure_base(setup, progress_bar, say, reuse_stale, shipped)
     with FileLock(out.with_name(f".{out.name}.lock"), f"base {out}", wait=True, on_wait=say, on_takeover=say):
         return _ensure_base(setup, progress_bar, say, reuse_stale, shipped)
 
@@ -161,7 +166,8 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
         progress_bar=progress_bar,
     )
     record = pretrainer.run()
-    write_probe(out, model.state_dict(), setup.model_config, cfg.pretrain.fwpkm)  # lets other code check it, once given
+    if pretrainer.is_rank_zero:  # data parallel: the other ranks hold the same weights and write nothing
+        write_probe(out, model.state_dict(), setup.model_config, cfg.pretrain.fwpkm)  # lets other code check it, once given
     say(f"base model: {base} ({describe(record)})")
     return base, record, False, model.state_dict()
 

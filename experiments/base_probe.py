@@ -47,6 +47,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 def measure(weights: dict, model_config, rule, dtype: torch.dtype = DTYPE) -> dict[str, Any]:
     """The probe of a model with these weights under this code (in `dtype`, no graph)."""
+    from cl_platform.memory.fwpkm import one_process
     from cl_platform.model import FwPKMLM
 
     model = FwPKMLM(model_config, rule).to(dtype)
@@ -56,7 +57,7 @@ def measure(weights: dict, model_config, rule, dtype: torch.dtype = DTYPE) -> di
     tokens = torch.randint(2, model_config.vocab_size, (BATCH, SEQ + 1), generator=g)  # ids 0, 1: EOT, PAD
     x, y = tokens[:, :-1], tokens[:, 1:]
     out = {"tokens": [BATCH, SEQ], "seed": SEED, "dtype": str(dtype).removeprefix("torch.")}
-    with torch.no_grad():
+    with torch.no_grad(), one_process():  # a function of the weights alone, whatever ranks are running
         model.set_writes(False)
         out["read"] = float(model(x, y)[1])
         model.set_writes(True)

@@ -27,6 +27,7 @@ table once, detached, when the call ends.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple
@@ -200,11 +201,28 @@ class _SumOverRanks(torch.autograd.Function):
         return total, None
 
 
+_ONE_PROCESS = False  # set by `one_process()`
+
+
+@contextlib.contextmanager
+def one_process():
+    """Within it, FwPKM writes are this process's own, not summed over data-parallel ranks: for work
+    that one rank does alone while the process group lives (rank 0 measuring a base's probe), where
+    a sum would wait for ranks that are not computing, or add theirs."""
+    global _ONE_PROCESS
+    before, _ONE_PROCESS = _ONE_PROCESS, True
+    try:
+        yield
+    finally:
+        _ONE_PROCESS = before
+
+
 def data_parallel_reducer() -> RankSum | None:
-    """A `RankSum` when running under torch.distributed with more than one rank, else None."""
+    """A `RankSum` when running under torch.distributed with more than one rank (outside
+    `one_process`), else None."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if not _ONE_PROCESS and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return RankSum()
     return None
 
