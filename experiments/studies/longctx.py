@@ -232,10 +232,35 @@ def summarise(exp: LongContextExperiment, results: list[dict]) -> dict[str, Any]
               for d in domains}
     docs = {d: int((np.array(by[(exp.reference, exp.seeds[0])]["scores"][d]["off"]["counts"]).sum(1) > 0).sum())
             for d in domains}
+    window = results[0]["window"]
     return {"buckets": exp.buckets, "split": exp.split, "seeds": exp.seeds, "reference": exp.reference,
-            "window": results[0]["window"], "domains": domains, "tokens": tokens, "documents": docs,
-            "means": means, "differences": diffs,
+            "window": window, "domains": domains, "tokens": tokens, "documents": docs,
+            "means": means, "differences": diffs, "beyond": beyond_window(diffs["minus_reference"], exp.buckets, window),
             "bases": {f"{r['variant']}-seed{r['seed']}": r["base_summary"] for r in results}}
+
+
+def beyond_window(minus_reference: dict, edges: list[int], window: int) -> dict[str, dict[str, Any]]:
+    """Per variant and domain: the difference to the reference on the tokens past the attention
+    window (every bucket starting at or after it, token-weighted), per seed, with the mean and the
+    95 % Student-t interval over seeds (`analysis.aggregate.mean_std`; NaN with one seed: the
+    unit is the pretraining seed, a base-dependent effect; the per-bucket document intervals are
+    within-base). Where no bucket starts at the window the entry is empty."""
+    from analysis.aggregate import mean_std
+
+    past = [i for i, lo in enumerate(edges[:-1]) if lo >= window]
+    out: dict[str, dict[str, Any]] = {}
+    for variant, by_d in minus_reference.items():
+        out[variant] = {}
+        for d, seeds in by_d.items():
+            values = []
+            for cells in seeds:
+                n = sum(cells[i]["tokens"] for i in past)
+                if not past or n == 0:
+                    break
+                values.append(sum(cells[i]["value"] * cells[i]["tokens"] for i in past) / n)
+            if values and len(values) == len(seeds):
+                out[variant][d] = mean_std(values)
+    return out
 
 
 def _fmt_diff(cells: list[list[dict]], i: int) -> str:
@@ -274,6 +299,16 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
         for variant, by_d in summary["differences"]["minus_reference"].items():
             cells = [_fmt_diff(by_d[d], i) for i in range(len(heads))]
             lines.append(f"{'Δ ' + variant + '−' + summary['reference']:>22s}" + "".join(f"{c:>{width}s}" for c in cells))
+    for variant, by_d in summary.get("beyond", {}).items():
+        if not by_d:
+            continue
+        lines.append("")
+        lines.append(f"Δ {variant}−{summary['reference']} beyond the window (positions {summary['window']}+, "
+                     f"token-weighted), per seed {summary['seeds']}, mean [95 % t-interval over seeds]:")
+        for d, m in by_d.items():
+            per = " / ".join(f"{v:+.3f}" for v in m["values"])
+            interval = "" if math.isnan(m["std"]) else f" [{m['t95'][0]:+.3f}, {m['t95'][1]:+.3f}]"
+            lines.append(f"  {d:<8s} {per:<28s} {m['mean']:+.3f}{interval}")
     lines.append("")
     lines.append("Δ: difference of mean losses, 95 % paired bootstrap interval over documents (one seed) or mean ± "
                  "std over seeds (k/n: seeds whose interval excludes 0); Δ v−reference compares v with its "

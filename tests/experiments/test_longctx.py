@@ -108,6 +108,9 @@ def test_family_run_writes_results_table_and_plot_and_reuses_them(tiny, tmp_path
     on, off = saved["means"]["fwpkm"]["math"]["on"], saved["means"]["fwpkm"]["math"]["off"]
     assert [c["value"] for c in diff] == pytest.approx([a - b for a, b in zip(on, off)])
     assert saved["documents"]["math"] > 1 and len(diff) == 3
+    # the window is 16: only the last bucket (16-32) lies beyond it
+    past = saved["differences"]["minus_reference"]["fwpkm"]["math"][0][2]["value"]
+    assert saved["beyond"]["fwpkm"]["math"]["values"] == pytest.approx([past])
     again = []
     run(load(path), say=again.append)
     assert not any("scoring" in line for line in again)  # finished variants are read back
@@ -122,3 +125,19 @@ def test_variant_subset_on_the_command_line(tiny, tmp_path):
         load(path, variants=["fwpkm"])
     proc = tiny.run_cli(["eval", str(path), "--variants", "mamba"], check=False)
     assert proc.returncode == 2 and "clp eval: error" in proc.stderr and "mamba" in proc.stderr
+
+
+def test_beyond_the_window_is_token_weighted_per_seed_with_a_t_interval_over_seeds():
+    from experiments.studies.longctx import beyond_window
+
+    def cells(*pairs):  # (value, tokens) per bucket
+        return [{"value": v, "low": v - 1, "high": v + 1, "tokens": n} for v, n in pairs]
+
+    seeds = [cells((9.0, 100), (-0.1, 300), (-0.3, 100)), cells((9.0, 100), (-0.2, 100), (-0.2, 100)),
+             cells((9.0, 100), (-0.4, 100), (0.0, 300))]
+    got = beyond_window({"fwpkm": {"law": seeds}}, edges=[0, 128, 512, 2048], window=128)["fwpkm"]["law"]
+    assert got["values"] == pytest.approx([-0.15, -0.2, -0.1])  # the first bucket (inside the window) left out
+    # mean -0.15, sample std 0.05, t(0.975, 2) = 4.3027
+    half = 4.302653 * 0.05 / 3 ** 0.5
+    assert got["mean"] == pytest.approx(-0.15) and got["t95"] == pytest.approx([-0.15 - half, -0.15 + half], rel=1e-5)
+    assert beyond_window({"fwpkm": {"law": seeds}}, edges=[0, 64, 96, 100], window=128)["fwpkm"] == {}
