@@ -63,13 +63,16 @@ def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], No
     reproduces, is used where it lies (`shipped_base`), so that a config which pretrains a
     shipped base (`clp eval`/`clp niah` families, experiments/configs/reference.yaml) reads it
     instead of rebuilding it for an hour."""
-    from cl_platform.device import launch_rank
+    from cl_platform.device import Placement, launch_rank
     from cl_platform.file_lock import FileLock
 
     out = base_dir(setup, base_key(setup))
-    if launch_rank(setup.config.pretrain.devices) > 0:
+    placement = Placement.of(setup.config.pretrain)
+    if placement.world_size > 1 and launch_rank(placement.devices) > 0:
         # A data-parallel pretraining's other ranks: rank 0 holds the lock for the whole
-        # pretraining, which needs these ranks in it; they follow rank 0's decisions and write nothing.
+        # pretraining, which needs these ranks in it; they follow rank 0's decisions and write
+        # nothing. (Ranks of a data-parallel continual phase still wait: they need the base built
+        # by one process before they start.)
         return _ensure_base(setup, progress_bar, say, reuse_stale, shipped)
     with FileLock(out.with_name(f".{out.name}.lock"), f"base {out}", wait=True, on_wait=say, on_takeover=say):
         return _ensure_base(setup, progress_bar, say, reuse_stale, shipped)

@@ -248,18 +248,13 @@ def beyond_window(minus_reference: dict, edges: list[int], window: int) -> dict[
     from analysis.aggregate import mean_std
 
     past = [i for i, lo in enumerate(edges[:-1]) if lo >= window]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {variant: {} for variant in minus_reference}
     for variant, by_d in minus_reference.items():
-        out[variant] = {}
         for d, seeds in by_d.items():
-            values = []
-            for cells in seeds:
-                n = sum(cells[i]["tokens"] for i in past)
-                if not past or n == 0:
-                    break
-                values.append(sum(cells[i]["value"] * cells[i]["tokens"] for i in past) / n)
-            if values and len(values) == len(seeds):
-                out[variant][d] = mean_std(values)
+            counts = [sum(cells[i]["tokens"] for i in past) for cells in seeds]
+            if past and all(counts):
+                out[variant][d] = mean_std([sum(cells[i]["value"] * cells[i]["tokens"] for i in past) / n
+                                            for cells, n in zip(seeds, counts)])
     return out
 
 
