@@ -5,6 +5,7 @@
     clp pretrain CONFIG [key=value ...]                  train (or find cached) the base model of a run config
     clp recall CONFIG [key=value ...] [--seeds 0,1,2]    associative recall beyond the attention window
     clp eval CONFIG [key=value ...] [--variants a,b]     long-context loss by position, writes on / off
+    clp repeat CONFIG [key=value ...] [--variants a,b]   verbatim recall of a passage read again beyond the window
     clp niah CONFIG [key=value ...] [--models a,b]       needle in a haystack with n-iter reading
     clp compare CONFIG [key=value ...] [--entries a,b] [--base-seeds 0,1,2]   strategies side by side
     clp sweep SWEEP [key=value ...] [--trials N] [--workers N] [--storage URL]   Optuna study (dev split)
@@ -116,6 +117,12 @@ COMMANDS = (
                       help="comma-separated base seeds, replacing the file's"),
                   arg("--variants", default=None, parse=name_list,
                       help="comma-separated subset of the file's variants (e.g. attention,fwpkm)"))),
+    Command("repeat", "experiments.studies.repeat:main", "verbatim recall of a passage read again beyond the attention window",
+            config="repeat YAML, e.g. experiments/configs/repeat_reference.yaml",
+            args=(arg("--seeds", default=None, metavar="0,1,2", parse=seed_list("--seeds"),
+                      help="comma-separated base seeds, replacing the file's"),
+                  arg("--variants", default=None, parse=name_list,
+                      help="comma-separated variants of the family, replacing the file's list"))),
     Command("niah", "experiments.studies.niah:main", "needle in a haystack with n-iter reading",
             config="needle YAML, e.g. experiments/configs/niah.yaml",
             args=(SEEDS, arg("--models", default=None, parse=name_list, help="comma-separated subset of the file's models"))),

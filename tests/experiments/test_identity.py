@@ -113,19 +113,19 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     from streams.stream import load_stream_config
 
     from experiments.multi import compare
-    from experiments.studies import longctx, niah, recall
+    from experiments.studies import longctx, niah, recall, repeat
 
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
     # Every shipped YAML is a run config or one experiment's own config, and loads as one.
     # Every compare_*.yaml is a comparison's config (the compare CLI refuses anything else).
     others = {"recall": recall.load, "longctx": longctx.load, "niah": niah.load, "reference_family": longctx.load,
-              "niah_reference": niah.load}
+              "niah_reference": niah.load, "repeat_reference": repeat.load}
     others |= {p.stem: compare.load for p in root.glob("compare_*.yaml")}
     assert {"compare_strategies", "compare_strategies_dev", "compare_consolidation", "compare_consolidation_dev"} <= set(others)
     for stem, loader in others.items():
         loader(root / f"{stem}.yaml")
     configs = {p.stem: load_config(p) for p in sorted(root.glob("*.yaml")) if p.stem not in others}
-    assert set(configs) == {"default", "indomain", "longctx_base", "reference", "reference_main"}
+    assert set(configs) == {"default", "indomain", "longctx_base", "reference", "reference_main", "reference_pkm_main"}
     # The reference base reads every pretraining token once, and streams only domains it never saw.
     ref = configs["reference"]
     ref_stream = load_stream_config(ref.stream)
@@ -142,6 +142,11 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     assert (main_stream.seq_len, main_stream.tokenizer) == (ref_stream.seq_len, ref_stream.tokenizer)
     assert {d.name for d in main_stream.domains} == set(ref_stream.experience_domains)
     assert all(main_stream.budget(d).adapt == ref_stream.budget(d).adapt for d in ref_stream.experience_domains)
+    # The FwPKM + PKM main job is the main job with a static PKM at layer 2, on its own shipped base.
+    pkm_main = configs["reference_pkm_main"]
+    assert pkm_main.model == dataclasses.replace(main.model, pkm_layers=[2])
+    assert (pkm_main.stream, pkm_main.pretrain, pkm_main.cl, pkm_main.strategy) == (main.stream, main.pretrain, main.cl, main.strategy)
+    assert "reference-pkm-s" in str(pkm_main.base_checkpoint)
     # Its attention-only twin has the FwPKM model's active parameters, within 0.5 %.
     from cl_platform.model import FwPKMLM, count_parameters
     from experiments.studies.family import load_family

@@ -63,3 +63,26 @@ def test_this_code_reproduces_the_shipped_bases_probe(shipped):
     assert diff is not None and diff <= TOLERANCE, diff
     # Writes change what the model predicts: the probe exercises the memory, not only attention.
     assert abs(recorded["after_write"] - recorded["read"]) > 100 * TOLERANCE
+
+
+EVERY = sorted(p.name for p in BASES.iterdir() if (p / "base.ckpt").is_file())
+
+
+@pytest.mark.parametrize("name", EVERY)
+def test_every_shipped_base_reproduces_its_probe_under_its_own_architecture(name):
+    """Each shipped base (the main job's, the attention-only twins, the FwPKM + PKM base): this
+    code computes its function under the architecture and write rule it records, and it says how
+    it was built (the command in its README)."""
+    from cl_platform.memory.fwpkm import FwPKMConfig, WriteRule
+    from cl_platform.memory.pkm import PKMConfig
+    from cl_platform.model import ModelConfig
+
+    base = BASES / name
+    shipped = load_checkpoint(base / "base.ckpt", "base")
+    record = json.loads((base / "pretrain.json").read_text())
+    assert record["key"] == shipped["key"] and record["tokens"] == record["steps"] * 8 * 2048
+    fields = dict(shipped["model_config"])
+    model_config = ModelConfig(**{**fields, "fwpkm": FwPKMConfig(**fields["fwpkm"]), "pkm": PKMConfig(**fields["pkm"])})
+    diff = probe_difference(base, shipped["model"], model_config, WriteRule(**record["write_rule"]))
+    assert diff is not None and diff <= TOLERANCE, diff
+    assert "clp pretrain experiments/configs/reference.yaml" in (base / "README.md").read_text()
