@@ -72,6 +72,24 @@ class Family:
         return {"base": read_yaml(self.base, "run config"), "variants": self.variants}
 
 
+def reading_model(setup, weights: dict):
+    """A family base's model, set up for scoring: its weights, eval mode, the pretraining write rule
+    with a memory that persists between calls (a study restores it itself). Returns (model, the
+    base's memory snapshot, the autocast context of the base's pretraining precision)."""
+    import dataclasses
+
+    import torch
+
+    from experiments.setup import build_model
+
+    cfg = setup.config
+    model = build_model(setup.model_config, 0, dataclasses.replace(cfg.pretrain.fwpkm, persistence="persist"))
+    model.load_state_dict(weights)
+    model.eval()
+    autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=cfg.pretrain.precision == "bf16-mixed")
+    return model, model.snapshot_memory(), autocast
+
+
 def load_family(path: str | Path) -> Family:
     """The family part of a family (long-context) config file; `base` relative to the file."""
     data = read_yaml(path, "family config")

@@ -24,7 +24,6 @@ new seed evaluates only what is missing.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -99,15 +98,10 @@ def score(setup, weights: dict, split: str, edges: list[int]) -> dict[str, dict[
 
     from analysis.positions import bucket_document_sums
     from cl_platform.constants import IGNORE_INDEX
-    from experiments.setup import build_model
+    from experiments.studies.family import reading_model
 
-    cfg = setup.config
-    model = build_model(setup.model_config, 0, dataclasses.replace(cfg.pretrain.fwpkm, persistence="persist"))
-    model.load_state_dict(weights)
-    model.eval()
-    base_memory = model.snapshot_memory()
+    model, base_memory, autocast = reading_model(setup, weights)
     has_memory = bool(model.fwpkm_layers())
-    autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=cfg.pretrain.precision == "bf16-mixed")
     out: dict[str, dict[str, Any]] = {}
     for name, data in setup.scenario.domains.items():
         segments = data.splits[split].segments

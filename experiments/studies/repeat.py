@@ -39,7 +39,6 @@ Student-t interval over the seeds (the unit of a base-dependent effect). Results
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,15 +130,10 @@ def score(setup, weights: dict, exp: RepeatExperiment) -> dict[str, Any]:
     memory, so no episode reads another's writes."""
     import torch
 
-    from experiments.setup import build_model
+    from experiments.studies.family import reading_model
 
-    cfg = setup.config
-    model = build_model(setup.model_config, 0, dataclasses.replace(cfg.pretrain.fwpkm, persistence="persist"))
-    model.load_state_dict(weights)
-    model.eval()
-    memory = model.snapshot_memory()
+    model, memory, autocast = reading_model(setup, weights)
     settings = SETTINGS if model.fwpkm_layers() else SETTINGS[:1]
-    autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=cfg.pretrain.precision == "bf16-mixed")
     out: dict[str, Any] = {}
     for name, data in setup.scenario.domains.items():
         segments = data.splits[exp.split].segments
