@@ -145,8 +145,7 @@ def score(setup, weights: dict, exp: RepeatExperiment) -> dict[str, Any]:
             for gap in exp.gaps:
                 repeat, control = [], []
                 for k in range(min(exp.episodes, n - 1)):  # distinct segments: episodes are independent
-                    rep, con = episode_pair(segments[k % n]["input_ids"], segments[(k + 1) % n]["input_ids"],
-                                            exp.passage, gap)
+                    rep, con = episode_pair(segments[k]["input_ids"], segments[k + 1]["input_ids"], exp.passage, gap)
                     for ids, into in ((rep, repeat), (con, control)):
                         model.restore_memory(memory)
                         with torch.no_grad(), autocast:
@@ -158,18 +157,14 @@ def score(setup, weights: dict, exp: RepeatExperiment) -> dict[str, Any]:
     return out
 
 
-def prepare(exp: RepeatExperiment, variant: str, seed: int):
+def prepare(exp: RepeatExperiment, fam: Family, variant: str, seed: int):
     """The variant's setup, checked against the experiment before any pretraining or scoring."""
-    setup = family(exp).setup(variant, seed, who="repeat")
+    setup = fam.setup(variant, seed, who="repeat")
     seq_len = setup.scenario.config.seq_len
     longest = 2 * exp.passage + max(exp.gaps)
-    if 2 * exp.passage > seq_len or max(exp.gaps) > seq_len:
-        raise ConfigError(f"repeat config field 'passage'/'gaps': passages of {exp.passage} (two from one segment) and "
-                          f"gaps up to {max(exp.gaps)} need segments of at least {max(2 * exp.passage, max(exp.gaps))} "
-                          f"tokens; {family(exp).base} reads {seq_len}")
-    if longest > seq_len:
-        raise ConfigError(f"repeat config field 'gaps': an episode of 2 x {exp.passage} + {max(exp.gaps)} = {longest} "
-                          f"tokens is longer than the {seq_len}-token segments the base was pretrained on")
+    if longest > seq_len:  # also what P and Q (one segment) and F (the next) need of a segment
+        raise ConfigError(f"repeat config fields 'passage' and 'gaps': an episode of 2 x {exp.passage} + {max(exp.gaps)} "
+                          f"= {longest} tokens is longer than the {seq_len}-token segments the base was pretrained on")
     for name, data in setup.scenario.domains.items():
         if len(data.splits[exp.split].segments) < 3:
             raise ConfigError(f"repeat config: domain {name!r} has fewer than 3 {exp.split} segments (two episodes "
@@ -182,7 +177,7 @@ def evaluate(exp: RepeatExperiment, setup, variant: str, seed: int, say: Callabl
     from experiments.setup import base_key
 
     path, record, _, weights = ensure_base(setup, progress_bar=False, say=say)
-    say(f"{variant}, seed {seed}: reading {exp.episodes} repeat/control pairs per domain and gap")
+    say(f"{variant}, seed {seed}: reading up to {exp.episodes} repeat/control pairs per domain and gap")
     return {"variant": variant, "seed": seed, "base": str(path), "base_key": base_key(setup),
             "base_summary": describe(record), "window": setup.model_config.window,
             "reach": reach(setup.model_config), "scores": score(setup, weights, exp)}
@@ -194,8 +189,7 @@ def reach(model_config) -> int | None:
     return model_config.n_layer * (model_config.window - 1) if model_config.mixer == "swa" else None
 
 
-def folder_of(exp: RepeatExperiment) -> Path:
-    fam = family(exp)
+def folder_of(exp: RepeatExperiment, fam: Family) -> Path:
     return study_folder(fam.resolved_runs_root(), "repeat",
                         {"base": fam.identity()["base"], "passage": exp.passage, "gaps": exp.gaps,
                          "episodes": exp.episodes, "split": exp.split})
@@ -302,8 +296,9 @@ def run(exp: RepeatExperiment, say: Callable[[str], None] = print) -> tuple[Path
     """Every (variant, seed), each saved as it finishes; finished ones are read back."""
     from experiments.setup import base_key
 
-    setups = {(v, s): prepare(exp, v, s) for v in exp.variants for s in exp.seeds}  # every error first
-    folder = folder_of(exp)
+    fam = family(exp)
+    setups = {(v, s): prepare(exp, fam, v, s) for v in exp.variants for s in exp.seeds}  # every error first
+    folder = folder_of(exp, fam)
     results = [cached(folder, v, s, lambda: evaluate(exp, setups[(v, s)], v, s, say),
                       fresh=lambda r: r.get("base_key") == base_key(setups[(v, s)]))
                for v in exp.variants for s in exp.seeds]
