@@ -1,8 +1,8 @@
 """The baseline family: one run config of the bases (`base`) and its variants, which differ only in
-where the memories sit and how wide the MLPs are (`variants`: name -> {fwpkm_layers, pkm_layers,
-mlp_ratio}), each an ordinary cached
-base per pretraining seed. The long-context study (`clp eval`) scores the family; the needle
-study (`clp niah`) fine-tunes and reads it. A family file is a long-context config: its `base`,
+where the memories sit, how wide the MLPs are and, for a pretraining-data knob such as the
+retrieval episodes, which stream they pretrain on (`variants`: name -> {fwpkm_layers, pkm_layers,
+mlp_ratio, stream}), each an ordinary cached base per pretraining seed. The long-context study
+(`clp eval`) scores the family; the needle study (`clp niah`) fine-tunes and reads it. A family file is a long-context config: its `base`,
 `variants` and `runs_root` fields are the family, the rest is the long-context study's.
 
     family = load_family("experiments/configs/longctx.yaml")
@@ -19,18 +19,23 @@ from cl_platform.check import ConfigError, check, read_yaml
 from experiments.studies.study import relative_to
 
 # What a variant may change: where the memories sit, and the MLP width (an attention-only twin at
-# the FwPKM model's active parameters widens its MLPs instead of holding a memory).
-MODEL_FIELDS = ("fwpkm_layers", "pkm_layers", "mlp_ratio")
+# the FwPKM model's active parameters widens its MLPs instead of holding a memory); and the stream
+# it pretrains on, relative to the base run config's folder as that file's own `stream` is (a
+# stream with the same eval splits and another pretraining mix, e.g. the retrieval knob).
+VARIANT_FIELDS = ("fwpkm_layers", "pkm_layers", "mlp_ratio", "stream")
 
 
 def check_variants(owner: Any, variants: Any) -> None:
-    """`variants` must map names to changes of MODEL_FIELDS only (errors name `owner`'s field)."""
+    """`variants` must map names to changes of VARIANT_FIELDS only (errors name `owner`'s field)."""
     check(isinstance(variants, dict) and bool(variants), owner, "variants",
           "must map variant names to the model fields they change")
     for name, change in variants.items():
-        bad = [k for k in (change or {}) if k not in MODEL_FIELDS]
+        bad = [k for k in (change or {}) if k not in VARIANT_FIELDS]
         check(isinstance(change, dict) and not bad, owner, "variants",
-              f"variant {name!r} changes {bad or change!r}; a variant may set only {list(MODEL_FIELDS)}")
+              f"variant {name!r} changes {bad or change!r}; a variant may set only {list(VARIANT_FIELDS)}")
+        stream = change.get("stream") if isinstance(change, dict) else None
+        check(stream is None or (isinstance(stream, str) and bool(stream)), owner, "variants",
+              f"variant {name!r}: stream must be the path of a stream YAML, got {stream!r}")
 
 
 @dataclass
@@ -44,8 +49,11 @@ class Family:
 
     def overrides(self, variant: str, seed: int) -> list[str]:
         """The dotted overrides that make variant `variant`'s base of pretraining seed `seed`."""
-        change = self.variants[variant] or {}
-        out = [f"model.{k}={json.dumps(v)}" for k, v in change.items()] + [f"pretrain.seed={seed}"]
+        change = dict(self.variants[variant] or {})
+        out = []
+        if "stream" in change:  # a command-line path is read from the working directory: make it absolute
+            out.append(f"stream={(Path(self.base).resolve().parent / change.pop('stream')).resolve()}")
+        out += [f"model.{k}={json.dumps(v)}" for k, v in change.items()] + [f"pretrain.seed={seed}"]
         if self.runs_root is not None:
             out.append(f"runs_root={self.runs_root}")
         return out

@@ -132,6 +132,10 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     pretrained = {d.name: ref_stream.budget(d.name).pretrain for d in ref_stream.domains if ref_stream.budget(d.name).pretrain}
     assert ref.pretrain.steps * ref.pretrain.batch_size * ref_stream.seq_len == sum(pretrained.values())
     assert set(pretrained) == {"books", "wiki"} and not set(pretrained) & set(ref_stream.experience_domains)
+    # The retrieval-knob stream is the reference stream with episodes in its pretraining splits only.
+    knob = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval.yaml"))
+    assert knob.retrieval.active and knob.retrieval.min_distance > 4 * 127  # beyond the stacked windows
+    assert dataclasses.replace(knob, retrieval=ref_stream.retrieval) == ref_stream
     # The main job on the shipped base (reference_main) is the reference run without pretraining
     # domains: the base's own settings, the same continual phase, the same domains and adapt budgets.
     main = configs["reference_main"]

@@ -35,6 +35,7 @@ def family(tiny, tmp_path, **fields):
 
 @pytest.mark.parametrize("fields, message", [
     ({"variants": {"attention": {"n_layer": 3}}}, "may set only"),
+    ({"variants": {"knob": {"stream": 3}}}, "variant 'knob': stream"),
     ({"reference": "mamba"}, "reference"),
     ({"buckets": [8, 16, 32]}, "buckets"),
     ({"buckets": [0, 16, 8]}, "buckets"),
@@ -55,6 +56,38 @@ def test_errors_before_any_pretraining(tiny, tmp_path):
     with pytest.raises(ConfigError, match="variant 'attention'.*fwpkm_layers"):
         run(load(path))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_stream_variant_pretrains_on_its_own_stream(tiny, tmp_path):
+    """A variant's `stream` is read from the base run config's folder, whatever the working
+    directory, and changes the base key only through the data it pretrains on."""
+    import os
+
+    spec = yaml.safe_load(tiny.stream.read_text())
+    # Another pretraining mix (the tiny 32-token segments are too short for retrieval episodes).
+    tiny.write_yaml(tmp_path / "knob.yaml", {**spec, "token_budget": {**spec["token_budget"], "pretrain": 8192}})
+    tiny.write_yaml(tmp_path / "copy.yaml", spec)
+    path, _ = family(tiny, tmp_path, variants={"fwpkm": {}, "knob": {"stream": "knob.yaml"},
+                                               "copy": {"stream": "copy.yaml"}})
+    from experiments.setup import base_key
+    from experiments.studies.family import load_family
+
+    fam = load_family(path)
+    fam.setup("fwpkm", 0)  # (imports everything before the working directory moves)
+    (tmp_path / "elsewhere").mkdir()
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path / "elsewhere")  # another working directory: the path must not follow it
+        setups = {v: fam.setup(v, 0) for v in ("fwpkm", "knob", "copy")}
+    finally:
+        os.chdir(here)
+    assert setups["knob"].config.stream == str((tmp_path / "knob.yaml").resolve())
+    keys = {v: base_key(s) for v, s in setups.items()}
+    assert keys["copy"] == keys["fwpkm"]  # the same data under another name
+    assert keys["knob"] != keys["fwpkm"]  # another pretraining split
+    bad = load_family(family(tiny, tmp_path, variants={"knob": {"stream": "missing.yaml"}})[0])
+    with pytest.raises(ConfigError, match="variant 'knob'.*missing.yaml"):
+        bad.setup("knob", 0)
 
 
 def test_buckets_merge_to_the_models_own_loss(tiny_base):
