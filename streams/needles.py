@@ -13,6 +13,12 @@ between two tokens of the window at round(depth · window length), and the needl
 same token ids), so that exact match asks for the tokens the needle holds. The question restates
 the needle's opening words, so the tokens that precede the answer are the tokens that preceded
 the number in the needle.
+
+`style: fact` swaps the needle for the retrieval knob's own kind of sentence (streams/retrieval.py:
+" Zorostbar Rentha's locker number is 1677.", an invented name and a 4-digit number) and the
+question for the needle restated up to its number, as the knob's episodes recall a fact: the task a
+base pretrained with the knob was trained on, on held-out text, where "secret" asks whether the
+skill carries over to a sentence it never saw.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import numpy as np
 
 NEEDLE = "The secret number for ID-{id} is"
 QUESTION = "What is the secret number for ID-{id}? The secret number for ID-{id} is"
+STYLES = ("secret", "fact")
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,11 @@ class NeedleConfig:
     # default keeps every needle more than 200 tokens before the question (beyond a 128-token
     # attention window) for a 1,024-token haystack.
     depths: tuple[float, ...] = (0.05, 0.2, 0.35, 0.5, 0.65)
+    style: str = "secret"  # "secret": the paper's needle; "fact": the retrieval knob's facts (module doc)
 
     def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise ValueError(f"needles.style must be one of {list(STYLES)}, got {self.style!r}")
         for name in ("haystack_tokens", "needles"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -83,12 +93,16 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
     if cfg.haystack_tokens > len(source):
         raise ValueError(f"the haystack source has {len(source):,} tokens, fewer than needles.haystack_tokens = "
                          f"{cfg.haystack_tokens:,}")
-    ids = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
-    numbers = [str(int(x)) for x in rng.integers(100000, 1000000, size=cfg.needles)]
+    if cfg.style == "secret":
+        ids = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
+        numbers = [str(int(x)) for x in rng.integers(100000, 1000000, size=cfg.needles)]
+    else:  # ids are the facts' subjects ("Zorostbar Rentha's locker number"), numbers distinct
+        ids = fact_subjects(rng, cfg.needles)
+        numbers = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
     asked = int(rng.integers(0, cfg.needles)) if asked is None else asked
     if not 0 <= asked < cfg.needles:
         raise ValueError(f"asked needle {asked} does not exist (needles: {cfg.needles})")
-    needles = [needle_tokens(tokenizer, id_, number) for id_, number in zip(ids, numbers)]
+    needles = [needle_tokens(tokenizer, id_, number, cfg.style) for id_, number in zip(ids, numbers)]
     n = cfg.haystack_tokens - sum(map(len, needles))  # corpus tokens, so the haystack is haystack_tokens long
     start = int(rng.integers(0, len(source) - n + 1))
     text = [int(t) for t in source[start:start + n]]
@@ -102,7 +116,7 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
         haystack += needle
         cut_prev = cut
     haystack += text[cut_prev:]
-    question = tokenizer.encode(" " + QUESTION.format(id=ids[asked]))
+    question = tokenizer.encode(" " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], "fact"))
     candidates = [answer_tokens(tokenizer, number) for number in numbers]
     return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates)
 
@@ -111,6 +125,28 @@ def answer_tokens(tokenizer, number: str) -> list[int]:
     return tokenizer.encode(" " + number)
 
 
-def needle_tokens(tokenizer, id_: str, number: str) -> list[int]:
-    """" The secret number for ID-xxxx is dddddd." with the number encoded as the answer is."""
-    return tokenizer.encode(" " + NEEDLE.format(id=id_)) + answer_tokens(tokenizer, number) + tokenizer.encode(".")
+def opening(id_: str, style: str = "secret") -> str:
+    """The needle's words before its number."""
+    return " " + NEEDLE.format(id=id_) if style == "secret" else f" {id_} is"
+
+
+def needle_tokens(tokenizer, id_: str, number: str, style: str = "secret") -> list[int]:
+    """" The secret number for ID-xxxx is dddddd." (or " <name>'s <attribute> is dddd.") with the
+    number encoded as the answer is."""
+    return tokenizer.encode(opening(id_, style)) + answer_tokens(tokenizer, number) + tokenizer.encode(".")
+
+
+def fact_subjects(rng: np.random.Generator, n: int) -> list[str]:
+    """n distinct "<First> <Last>'s <attribute>" with a numeric attribute, from the retrieval knob's
+    syllables and attributes (the same kind of name, new draws)."""
+    from streams.retrieval import ATTRIBUTES, SYLLABLES
+
+    numeric = [a for a, kind in ATTRIBUTES if kind == "number"]
+    out: list[str] = []
+    while len(out) < n:
+        first = "".join(rng.choice(SYLLABLES, size=3)).capitalize()
+        last = "".join(rng.choice(SYLLABLES, size=2)).capitalize()
+        subject = f"{first} {last}'s {numeric[int(rng.integers(len(numeric)))]}"
+        if subject not in out:
+            out.append(subject)
+    return out

@@ -14,7 +14,8 @@ text; the pretraining data fingerprint (and with it the base key) covers the cha
 `fraction: 0` (the default) leaves the segments untouched.
 
 The facts use their own template and names, not the NIAH needles' ("The secret number for
-ID-xxxx is"), so that NIAH measures whether the skill carries over to a sentence never trained on.
+ID-xxxx is"), so that NIAH measures whether the skill carries over to a sentence never trained on;
+NIAH's `needles.style: fact` asks the trained kind of fact instead (new names, held-out text).
 
 Rule (deterministic from the stream seed and the domain name): rows chosen with
 `numpy.random.default_rng([seed, crc32(domain), 1])`; per row, facts drawn from the same

@@ -388,7 +388,7 @@ def summarise(exp: NeedleExperiment, results: list[dict]) -> dict[str, Any]:
 def table(exp: NeedleExperiment, summary: dict) -> str:
     settings = [f"{n}-iter" for n in exp.iterations] + ["in-pass"]
     width = 24
-    lines = [f"needle in a haystack: exact match over {exp.episodes} episodes ({exp.needle_config.needles} needles in "
+    lines = [f"needle in a haystack: exact match over {exp.episodes} episodes ({exp.needle_config.needles} {exp.needle_config.style} needles in "
              f"{exp.needle_config.haystack_tokens} tokens of {exp.haystack_domain}); mean ± std over seeds "
              f"[95 % Wilson interval over all episodes]",
              f"{'':>26s}" + "".join(f"{s:>{width}s}" for s in settings)]

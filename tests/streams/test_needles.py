@@ -1,5 +1,7 @@
 """The needle inserter: haystack length, needle placement, the source text kept in order, the
 answer encoded as the needle holds it; bad input named."""
+import re
+
 import numpy as np
 import pytest
 
@@ -37,6 +39,26 @@ def test_needles_at_their_depths_and_the_text_kept_in_order(tok):
     assert ep.distance() == 600 - b + len(ep.question)
 
 
+def test_fact_needles_are_the_retrieval_knobs_sentences_restated_up_to_the_number(tok):
+    cfg = NeedleConfig(haystack_tokens=600, needles=4, depths=(0.1, 0.3, 0.5, 0.7), style="fact")
+    ep = make_episode(cfg, tok, SOURCE, np.random.default_rng(3), asked=2)
+    assert len(ep.haystack) == 600 and len(set(ep.ids)) == 4 and len(set(ep.numbers)) == 4
+    for (a, b), subject, number in zip(ep.needle_spans, ep.ids, ep.numbers):
+        text = tok.decode(ep.haystack[a:b])
+        assert re.fullmatch(r" [A-Z][a-z]+ [A-Z][a-z]+'s (locker number|pass code|room number) is \d{4}\.", text), text
+        assert text == f" {subject} is {number}."
+        assert "secret" not in text
+    # the question is the asked needle's words up to its number, token for token, then the number
+    a, b = ep.needle_spans[2]
+    assert ep.haystack[a:a + len(ep.question)] == ep.question
+    assert ep.haystack[a + len(ep.question):b - 1] == ep.answer and tok.decode(ep.answer) == " " + ep.numbers[2]
+    assert ep.candidates[2] == ep.answer
+    # the default style stays the secret-number needle
+    secret = make_episode(NeedleConfig(haystack_tokens=600, needles=4, depths=(0.1, 0.3, 0.5, 0.7)), tok, SOURCE,
+                          np.random.default_rng(3), asked=2)
+    assert all(len(i) == 4 and i.isdigit() for i in secret.ids) and "secret number" in tok.decode(secret.haystack)
+
+
 def test_same_generator_same_episode(tok):
     cfg = NeedleConfig(haystack_tokens=300, needles=2, depths=(0.2, 0.4))
     a = make_episode(cfg, tok, SOURCE, np.random.default_rng(7))
@@ -51,6 +73,7 @@ def test_same_generator_same_episode(tok):
     ({"depths": (0.1, 0.2), "needles": 3}, "has 2 entries for needles=3"),
     ({"haystack_tokens": 60, "needles": 5}, "shorter than its 5 needles"),
     ({"haystack_tokens": 0}, "haystack_tokens must be a positive int"),
+    ({"style": "riddle"}, "needles.style must be one of"),
 ])
 def test_bad_configs_are_named(fields, message):
     with pytest.raises(ValueError, match=message):
