@@ -116,7 +116,9 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
         haystack += needle
         cut_prev = cut
     haystack += text[cut_prev:]
-    question = tokenizer.encode(" " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], "fact"))
+    # The paper's question asks, then restates; a fact is recalled by restating it, as in the knob.
+    asking = " " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], "fact")
+    question = tokenizer.encode(asking)
     candidates = [answer_tokens(tokenizer, number) for number in numbers]
     return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates)
 
@@ -139,14 +141,12 @@ def needle_tokens(tokenizer, id_: str, number: str, style: str = "secret") -> li
 def fact_subjects(rng: np.random.Generator, n: int) -> list[str]:
     """n distinct "<First> <Last>'s <attribute>" with a numeric attribute, from the retrieval knob's
     syllables and attributes (the same kind of name, new draws)."""
-    from streams.retrieval import ATTRIBUTES, SYLLABLES
+    from streams.retrieval import ATTRIBUTES, invented_name
 
     numeric = [a for a, kind in ATTRIBUTES if kind == "number"]
     out: list[str] = []
     while len(out) < n:
-        first = "".join(rng.choice(SYLLABLES, size=3)).capitalize()
-        last = "".join(rng.choice(SYLLABLES, size=2)).capitalize()
-        subject = f"{first} {last}'s {numeric[int(rng.integers(len(numeric)))]}"
+        subject = f"{invented_name(rng)}'s {numeric[int(rng.integers(len(numeric)))]}"
         if subject not in out:
             out.append(subject)
     return out

@@ -62,12 +62,18 @@ class RetrievalConfig:
         return self.fraction > 0
 
 
-def fact_sentence(rng: np.random.Generator) -> str:
+def invented_name(rng: np.random.Generator) -> str:
+    """ "Zorostbar Rentha": three syllables and two, capitalised (two draws from `rng`)."""
     first = "".join(rng.choice(SYLLABLES, size=3)).capitalize()
     last = "".join(rng.choice(SYLLABLES, size=2)).capitalize()
+    return f"{first} {last}"
+
+
+def fact_sentence(rng: np.random.Generator) -> str:
+    name = invented_name(rng)
     attribute, kind = ATTRIBUTES[int(rng.integers(len(ATTRIBUTES)))]
     value = str(int(rng.integers(1000, 10000))) if kind == "number" else str(rng.choice(VALUES[kind]))
-    return f" {first} {last}'s {attribute} is {value}."
+    return f" {name}'s {attribute} is {value}."
 
 
 def insert_episodes(tokens: np.ndarray, doc_index: np.ndarray, cfg: RetrievalConfig, tokenizer, seed: int,

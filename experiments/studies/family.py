@@ -2,8 +2,9 @@
 where the memories sit, how wide the MLPs are and, for a pretraining-data knob such as the
 retrieval episodes, which stream they pretrain on (`variants`: name -> {fwpkm_layers, pkm_layers,
 mlp_ratio, stream}), each an ordinary cached base per pretraining seed. The long-context study
-(`clp eval`) scores the family; the needle study (`clp niah`) fine-tunes and reads it. A family file is a long-context config: its `base`,
-`variants` and `runs_root` fields are the family, the rest is the long-context study's.
+(`clp eval`) scores the family; the needle study (`clp niah`) fine-tunes and reads it. A family
+file is a long-context config: its `base`, `variants` and `runs_root` fields are the family, the
+rest is the long-context study's.
 
     family = load_family("experiments/configs/longctx.yaml")
     setup = family.setup("fwpkm", seed=0)        # experiments.setup.Setup of that variant's base
@@ -28,7 +29,7 @@ VARIANT_FIELDS = ("fwpkm_layers", "pkm_layers", "mlp_ratio", "stream")
 def check_variants(owner: Any, variants: Any) -> None:
     """`variants` must map names to changes of VARIANT_FIELDS only (errors name `owner`'s field)."""
     check(isinstance(variants, dict) and bool(variants), owner, "variants",
-          "must map variant names to the model fields they change")
+          "must map variant names to the fields they change")
     for name, change in variants.items():
         bad = [k for k in (change or {}) if k not in VARIANT_FIELDS]
         check(isinstance(change, dict) and not bad, owner, "variants",

@@ -388,8 +388,9 @@ def summarise(exp: NeedleExperiment, results: list[dict]) -> dict[str, Any]:
 def table(exp: NeedleExperiment, summary: dict) -> str:
     settings = [f"{n}-iter" for n in exp.iterations] + ["in-pass"]
     width = 24
-    lines = [f"needle in a haystack: exact match over {exp.episodes} episodes ({exp.needle_config.needles} {exp.needle_config.style} needles in "
-             f"{exp.needle_config.haystack_tokens} tokens of {exp.haystack_domain}); mean ± std over seeds "
+    cfg = exp.needle_config
+    lines = [f"needle in a haystack: exact match over {exp.episodes} episodes ({cfg.needles} {cfg.style} needles in "
+             f"{cfg.haystack_tokens} tokens of {exp.haystack_domain}); mean ± std over seeds "
              f"[95 % Wilson interval over all episodes]",
              f"{'':>26s}" + "".join(f"{s:>{width}s}" for s in settings)]
     for name, entry in summary["models"].items():
