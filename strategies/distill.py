@@ -14,8 +14,9 @@ it, on the experience's own segments; later domains may then overwrite the memor
 - student: the same model with its memory as the experience found it (snapshot at its start;
   writes off), so the slow weights must carry what the memory added;
 - loss: per-token KL(teacher ‖ student) (`strategies.lwf.token_kl`, T = 1), `steps` AdamW steps
-  (SGD for a static PKM's sparse value rows) on `batch_size` inputs drawn per step, seeded; the
-  teacher's logits are computed per step (holding them would take inputs × T × V floats);
+  (lazy Adam, `cl_platform.optim.MixedAdamW`, for a static PKM's sparse value rows) on
+  `batch_size` inputs drawn per step, seeded; the teacher's logits are computed per step (holding
+  them would take inputs × T × V floats);
 - `inputs`: what the two models read — `adapt`, the experience's adapt segments (the segments the
   memory was written on, so the targets hold what it memorised of them as well as what it learned
   of the domain), or `samples`, `anchors` texts of `anchor_length` tokens that the teacher writes
@@ -68,6 +69,7 @@ import torch
 
 from cl_platform.device import HOST, model_device
 from cl_platform.memory.fwpkm import memory_from_state, memory_to_state
+from cl_platform.optim import MixedAdamW
 from cl_platform.sample import sample
 from cl_platform.strategy import Strategy, StrategyContext
 from strategies.lora import init_factors, target_matrices
@@ -132,6 +134,8 @@ class Distill(Strategy):
         self.before = None  # the memory as the current experience found it
         self.losses: list[list[float]] = []  # per consolidation: the new-domain KL at every step
         self.retained: list[list[float]] = []  # per consolidation: the retention KL at every step (retain > 0)
+        # per consolidation: ‖Δθ‖ / ‖θ‖ over the weights it changed (a step too small to matter shows here)
+        self.moved: list[float] = []
 
     @property
     def writes_texts(self) -> bool:
@@ -217,8 +221,12 @@ class Distill(Strategy):
                 return torch.func.functional_call(model, merged, (x,), strict=False)
         else:
             trainable = dense + sparse
+            # A static PKM's value rows take lazy Adam at `lr`, as sparse memory finetuning does. Not
+            # SGD: a row's KL gradient is ~1e-5 of its norm (a top-32 softmax over 4 heads, averaged
+            # over 8,192 tokens), so SGD at 100 x lr moved rows by 1e-6 to 1e-4 a step and did nothing
+            # (experiments/LOG.md, stop 42); lazy Adam steps every read row by about lr per entry.
             opts = ([torch.optim.AdamW(dense, lr=self.lr, weight_decay=0.0)] if dense else []) + \
-                   ([torch.optim.SGD(sparse, lr=self.lr * 100)] if sparse else [])  # lazy rows want larger steps
+                   ([MixedAdamW(sparse, lr=self.lr, weight_decay=0.0, sparse=True)] if sparse else [])
             student = model
         # The slow weights as this consolidation found them: the teacher's and the retention
         # anchor's. Under `rank` the model's own weights stay so until B·A is added.
@@ -283,10 +291,17 @@ class Distill(Strategy):
                 for opt in opts:
                     opt.step()
                 losses.append(float(loss.detach()))
-            if self.rank:
-                with torch.no_grad():
+            with torch.no_grad():
+                if self.rank:
+                    change = sum(float((b @ a).square().sum()) for _, a, b in adapters.values())
+                    size = sum(float(w.square().sum()) for w, _, _ in adapters.values())
                     for w, a, b in adapters.values():
                         w.add_(b @ a)
+                else:
+                    named = dict(model.named_parameters())
+                    change = sum(float((named[n] - p).square().sum()) for n, p in found.items())
+                    size = sum(float(p.square().sum()) for p in found.values())
+                self.moved.append((change / size) ** 0.5 if size > 0 else 0.0)
         finally:
             if self.choice is not None:
                 self.choice.record(model, False)
@@ -310,7 +325,8 @@ class Distill(Strategy):
         self.before = None
 
     def summary(self) -> dict[str, Any]:
-        out = {"distill_kl_first_last": [[ls[0], ls[-1]] for ls in self.losses if ls]}
+        out = {"distill_kl_first_last": [[ls[0], ls[-1]] for ls in self.losses if ls],
+               "relative_change": list(self.moved)}
         if self.retain > 0:
             out["retention_kl_first_last"] = [[ls[0], ls[-1]] for ls in self.retained if ls]
         if self.hold > 0:
@@ -319,15 +335,18 @@ class Distill(Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         out = {"before": memory_to_state(self.before), "losses": [list(ls) for ls in self.losses],
-               "retained": [list(ls) for ls in self.retained], "held": [list(ls) for ls in self.held]}
+               "retained": [list(ls) for ls in self.retained], "held": [list(ls) for ls in self.held],
+               "moved": list(self.moved)}
         if self.choice is not None:
             out["background"] = self.choice.state_dict()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # checkpoints written before `hold` existed have no "held"; "background" is there with `slots`
-        want = {"before", "losses", "retained", "held"} | ({"background"} if self.choice is not None else set())
-        if set(state) != want and not (self.choice is None and set(state) == {"before", "losses", "retained"}):
+        # checkpoints written before `hold` existed have no "held", before stop 42 no "moved";
+        # "background" is there with `slots`
+        want = {"before", "losses", "retained", "held", "moved"} | ({"background"} if self.choice is not None else set())
+        older = [want - {"moved"}] + ([{"before", "losses", "retained"}] if self.choice is None else [])
+        if set(state) != want and set(state) not in older:
             raise ValueError(f"distill: state has keys {sorted(state)}, expected {sorted(want)}")
         if self.choice is not None:
             self.choice.load_state_dict(state["background"])
@@ -335,3 +354,4 @@ class Distill(Strategy):
         self.losses = [list(ls) for ls in state["losses"]]
         self.retained = [list(ls) for ls in state["retained"]]
         self.held = [list(ls) for ls in state.get("held", [])]
+        self.moved = [float(v) for v in state.get("moved", [])]

@@ -61,6 +61,13 @@ def test_kl_falls_only_mlps_move_and_memory_ends_as_asked(after):
         moved = not torch.equal(p, slow[n])
         assert moved == (".ffn." in n and "blocks" in n), n
         assert not p.requires_grad and p.grad is None
+    # the record of how far the consolidation moved the weights it trained: ‖Δθ‖ / ‖θ‖ over the MLPs
+    mlps = [n for n in slow if ".ffn." in n and "blocks" in n]
+    params = dict(model.named_parameters())
+    change = sum(float((params[n] - slow[n]).square().sum()) for n in mlps) ** 0.5
+    size = sum(float(slow[n].square().sum()) for n in mlps) ** 0.5
+    assert len(s.moved) == 1 and s.moved[0] == pytest.approx(change / size, rel=1e-5) and s.moved[0] > 1e-3
+    assert s.summary()["relative_change"] == s.moved
     want = adapted if after == "keep" else before
     for a, b in zip(model.snapshot_memory(), want):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
@@ -221,6 +228,9 @@ def test_low_rank_consolidation_moves_each_mlp_matrix_by_a_rank_r_update():
         else:  # biases, attention, embeddings, norms: untouched
             assert torch.equal(p, slow[n]), n
     assert len(moved) == 4  # fc and proj of each of the two blocks' MLPs
+    params = dict(model.named_parameters())
+    change = sum(float((params[n] - slow[n]).square().sum()) for n in moved) ** 0.5
+    assert s.moved == [pytest.approx(change / sum(float(slow[n].square().sum()) for n in moved) ** 0.5, rel=1e-4)]
     for a, b in zip(model.snapshot_memory(), adapted):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
 
@@ -314,7 +324,7 @@ def test_the_teacher_stays_put_and_hold_keeps_the_model_with_its_adapted_memory_
     s2 = Distill(hold=1.0)
     s2.load_state_dict(held.state_dict())
     assert s2.held == held.held
-    old = {k: v for k, v in held.state_dict().items() if k != "held"}  # a checkpoint from before `hold`
+    old = {k: v for k, v in held.state_dict().items() if k not in ("held", "moved")}  # a checkpoint from before `hold`
     s3 = Distill()
     s3.load_state_dict(old)
     assert s3.held == []
@@ -360,12 +370,19 @@ def test_consolidation_into_a_static_pkm_moves_only_value_rows_and_with_slots_th
     rows = torch.nonzero((values != slow["blocks.0.ffn.values.weight"]).any(1)).squeeze(1)
     if slots:  # one step: exactly `slots` rows (the batch reads far more: 3 x 16 tokens x 2 heads x top-4)
         assert len(rows) == slots
+        # lazy Adam's first step moves an entry by lr·|g| / (|g| + ε/√(1−β2)): about lr whatever the
+        # gradient's scale, never more; SGD would move it by a multiple of the (small) gradient
+        moved = (values - slow["blocks.0.ffn.values.weight"])[rows].abs()
+        assert float(moved.max()) <= 1e-2 * (1 + 1e-5) and bool((moved.max(1).values > 0.9e-2).all())
     else:
         assert len(rows) > 5 and s.losses[-1][-1] < s.losses[-1][0]
+    old = slow["blocks.0.ffn.values.weight"]
+    assert s.moved == [pytest.approx(float((values - old).norm() / old.norm()), rel=1e-5)]
     if slots:  # the recording is off again, and the background is state: a resume scores against it
         assert all(not m.record_reads and m.last_reads is None for m in s.choice.pkms(model).values())
         again = Distill(params="pkm", steps=1, batch_size=3, lr=1e-2, slots=slots, anchors=4, anchor_length=8)
         again.load_state_dict(s.state_dict())
+        assert again.moved == s.moved
         assert torch.equal(again.choice.df["blocks.0.ffn"], s.choice.df["blocks.0.ffn"])
 
 
