@@ -6,7 +6,7 @@
     clp recall CONFIG [key=value ...] [--seeds 0,1,2]    associative recall beyond the attention window
     clp eval CONFIG [key=value ...] [--variants a,b]     long-context loss by position, writes on / off
     clp repeat CONFIG [key=value ...] [--variants a,b]   verbatim recall of a passage read again beyond the window
-    clp niah CONFIG [key=value ...] [--models a,b]       needle in a haystack with n-iter reading
+    clp niah CONFIG [key=value ...] [--models a,b] [--base-seeds 0,1,2]   needle in a haystack with n-iter reading
     clp compare CONFIG [key=value ...] [--entries a,b] [--base-seeds 0,1,2]   strategies side by side
     clp sweep SWEEP [key=value ...] [--trials N] [--workers N] [--storage URL]   Optuna study (dev split)
     clp data stats CONFIG [key=value ...]                documents / tokens / segments per domain and split
@@ -125,7 +125,10 @@ COMMANDS = (
                       help="comma-separated variants of the family, replacing the file's list"))),
     Command("niah", "experiments.studies.niah:main", "needle in a haystack with n-iter reading",
             config="needle YAML, e.g. experiments/configs/niah.yaml",
-            args=(SEEDS, arg("--models", default=None, parse=name_list, help="comma-separated subset of the file's models"))),
+            args=(SEEDS, arg("--models", default=None, parse=name_list, help="comma-separated subset of the file's models"),
+                  arg("--base-seeds", default=None, metavar="0,1,2", parse=seed_list("--base-seeds"),
+                      help="comma-separated base seeds (the family's pretraining seeds): one run each, "
+                           "t-intervals over the bases"))),
     Command("compare", "experiments.multi.compare:main", "strategies side by side on the same stream, base and seeds",
             config="comparison YAML, e.g. experiments/configs/compare_strategies.yaml",
             args=(SEEDS, arg("--entries", default=None, parse=name_list, help="comma-separated subset of the file's entries"),

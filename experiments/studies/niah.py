@@ -4,6 +4,7 @@ family's language-model bases, zero-shot and after a brief fine-tune on needle e
     clp niah experiments/configs/niah.yaml                # the bases come from the family config (clp eval)
     clp niah experiments/configs/niah.yaml --seeds 0,1,2  # fine-tuning seeds
     clp niah experiments/configs/niah.yaml --models fwpkm,fwpkm-no-lookahead   # a subset (results are shared)
+    clp niah experiments/configs/niah.yaml --base-seeds 0,1,2   # every base seed, t-intervals over the bases
 
 An episode (`streams/needles.py`): a window of real text with 5 needles "The secret number for
 ID-xxxx is dddddd.", then a question about one; exact match of the number's tokens (teacher
@@ -414,7 +415,82 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
     return "\n".join(lines)
 
 
+# --- over pretraining seeds -----------------------------------------------------------------------
+def run_over_bases(exp: NeedleExperiment, base_seeds: list[int],
+                   say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
+    """`run` once per base seed (each in its own folder, its members reused), then every model's
+    exact match and candidate match per base with the mean and the 95 % Student-t interval over
+    the bases: the unit of a base-dependent effect (a Wilson interval over one base's episodes is
+    within-base). Every base seed's models are checked before any is scored."""
+    if not (isinstance(base_seeds, list) and base_seeds and all(is_int(s, 0) for s in base_seeds)
+            and len(set(base_seeds)) == len(base_seeds)):
+        raise ConfigError(f"--base-seeds must be distinct ints >= 0, got {base_seeds!r}")
+    members = [dataclasses.replace(exp, base_seed=s) for s in base_seeds]
+    for member in members:
+        check_models(member)
+    per_base = {}
+    for member in members:
+        say(f"--- base seed {member.base_seed}")
+        per_base[member.base_seed] = run(member, say)[1]
+    summary = over_bases(per_base)
+    identity = {k: v for k, v in dataclasses.asdict(exp).items()
+                if k not in ("models", "seeds", "runs_root", "family", "base_seed")}
+    identity.update(family=needle_family(exp).identity(), base_seeds=base_seeds, models=sorted(exp.models))
+    folder = study_folder(needle_family(exp).resolved_runs_root(), "niah-bases", identity)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = bases_table(exp, summary)
+    write_results(folder, summary, text)
+    say(text)
+    say(f"results: {folder / 'results.json'}")
+    return folder, summary
+
+
+def over_bases(per_base: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """{"base_seeds", "models": {name: {"exact": {setting: mean_std}, "candidate": {...}}}} from
+    each base's `summarise` output (a base's value: its mean over fine-tuning seeds)."""
+    from analysis.aggregate import mean_std
+
+    seeds = list(per_base)
+    first = per_base[seeds[0]]["models"]
+    out: dict[str, Any] = {"base_seeds": seeds, "models": {}}
+    for name, entry in first.items():
+        settings = [k for k in entry if k.endswith("-iter") or k == "in-pass"]
+        row = {"exact": {s: mean_std([per_base[b]["models"][name][s]["mean"] for b in seeds]) for s in settings}}
+        if all("candidate_match" in per_base[b]["models"][name] for b in seeds):
+            row["candidate"] = {s: mean_std([per_base[b]["models"][name]["candidate_match"][s]["mean"] for b in seeds])
+                                for s in entry["candidate_match"]}
+        out["models"][name] = row
+    return out
+
+
+def bases_table(exp: NeedleExperiment, summary: dict[str, Any]) -> str:
+    settings = [f"{n}-iter" for n in exp.iterations] + ["in-pass"]
+    seeds = summary["base_seeds"]
+
+    def cell(stat: dict[str, Any] | None) -> str:
+        if stat is None:
+            return "n/a"
+        values = " / ".join(f"{v:.2f}" for v in stat["values"])
+        if len(stat["values"]) < 2:
+            return values
+        return f"{stat['mean']:.2f} [{stat['t95'][0]:.2f}, {stat['t95'][1]:.2f}] ({values})"
+
+    lines = [f"needle in a haystack over base seeds {seeds}: mean [95 % t-interval over the bases] "
+             f"(each base's value, in seed order); {exp.episodes} episodes a base"]
+    for what, label in (("exact", "exact match"),
+                        ("candidate", f"candidate match (chance {1 / exp.needle_config.needles:.2f})")):
+        cells = {name: [cell((row.get(what) or {}).get(s)) for s in settings] for name, row in summary["models"].items()}
+        width = 2 + max(len(c) for c in [*settings, *(c for row in cells.values() for c in row)])
+        lines.append(f"{label:>30s}" + "".join(f"{s:>{width}s}" for s in settings))
+        lines += [f"{name:>30s}" + "".join(f"{c:>{width}s}" for c in row) for name, row in cells.items()]
+    return "\n".join(lines)
+
+
 def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,
-         models: list[str] | None = None) -> int:
-    run(load(config, seeds, models, overrides))
+         models: list[str] | None = None, base_seeds: list[int] | None = None) -> int:
+    exp = load(config, seeds, models, overrides)
+    if base_seeds is None:
+        run(exp)
+    else:
+        run_over_bases(exp, base_seeds)
     return 0

@@ -2,6 +2,7 @@
 layer), episodes do not see each other's writes, bad configs are named before any work, and the
 whole experiment runs on the tiny family (fine-tune, score, reuse)."""
 import contextlib
+import dataclasses
 import json
 
 import numpy as np
@@ -186,3 +187,47 @@ def test_model_subset(tiny, tmp_path):
     assert list(load(path, models=["attention"]).models) == ["attention"]
     with pytest.raises(ConfigError, match="--models \\['mamba'\\] not among"):
         load(path, models=["mamba"])
+
+
+def test_over_base_seeds_is_each_bases_run_and_the_t_interval_over_them(tiny, tmp_path):
+    from scipy import stats
+
+    from experiments.studies.niah import run_over_bases
+
+    exp = load(family_files(tiny, tmp_path, runs_root=str(tiny.runs), episodes=24), models=["fwpkm-zero-shot"])
+    said = []
+    folder, summary = run_over_bases(exp, [0, 1], say=said.append)
+    assert summary["base_seeds"] == [0, 1]
+    alone = [run(dataclasses.replace(exp, base_seed=seed), say=lambda _: None)[1]["models"]["fwpkm-zero-shot"]
+             for seed in (0, 1)]  # each base's own run, read back from its folder
+    cases = [("exact", s, [a[s]["mean"] for a in alone]) for s in ("1-iter", "2-iter", "in-pass")]
+    cases += [("candidate", s, [a["candidate_match"][s]["mean"] for a in alone]) for s in ("1-iter", "2-iter")]
+    for what, setting, values in cases:
+        stat = summary["models"]["fwpkm-zero-shot"][what][setting]
+        assert stat["values"] == pytest.approx(values)
+        mean, sd = sum(values) / 2, abs(values[0] - values[1]) / 2 ** 0.5
+        half = stats.t.ppf(0.975, 1) * sd / 2 ** 0.5
+        assert stat["mean"] == pytest.approx(mean) and stat["t95"] == pytest.approx([mean - half, mean + half])
+    assert set(summary["models"]["fwpkm-zero-shot"]["candidate"]) == {"1-iter", "2-iter"}
+    assert said.count("--- base seed 0") == 1 and said.count("--- base seed 1") == 1
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["models"]["fwpkm-zero-shot"]["exact"]["in-pass"]["values"] == pytest.approx(
+        summary["models"]["fwpkm-zero-shot"]["exact"]["in-pass"]["values"])
+    assert "t-interval over the bases" in (folder / "table.txt").read_text()
+    with pytest.raises(ConfigError, match="--base-seeds must be distinct"):
+        run_over_bases(exp, [1, 1])
+
+
+def test_over_bases_is_the_student_t_interval_of_the_bases_values():
+    from experiments.studies.niah import over_bases
+
+    def base(in_pass, cand):
+        return {"models": {"m": {"1-iter": {"mean": 0.0}, "in-pass": {"mean": in_pass},
+                                 "candidate_match": {"1-iter": {"mean": cand}}}}}
+
+    out = over_bases({0: base(0.10, 0.36), 1: base(0.06, 0.27), 2: base(0.11, 0.21)})
+    stat = out["models"]["m"]["exact"]["in-pass"]
+    # by hand: mean 0.09, sd 0.02646, t(0.975, 2 df) = 4.3027, half = 4.3027 · 0.02646 / √3 = 0.06572
+    assert stat["mean"] == pytest.approx(0.09) and stat["t95"] == pytest.approx([0.02428, 0.15572], abs=1e-4)
+    assert out["models"]["m"]["candidate"]["1-iter"]["t95"] == pytest.approx([0.0924, 0.4676], abs=1e-3)
+    assert out["models"]["m"]["exact"]["1-iter"]["t95"] == [0.0, 0.0] and out["base_seeds"] == [0, 1, 2]
