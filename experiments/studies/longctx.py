@@ -186,7 +186,8 @@ def run(exp: LongContextExperiment, say: Callable[[str], None] = print) -> tuple
 
 def summarise(exp: LongContextExperiment, results: list[dict]) -> dict[str, Any]:
     """means[variant][domain][setting] = per-bucket mean over seeds; differences (seed exp.seeds[0]'s
-    documents, paired bootstrap): writes on − off per variant, and each variant − the reference."""
+    documents, paired bootstrap): writes on − off per variant, and each variant − the reference
+    (both writing where they have an FwPKM)."""
     import numpy as np
 
     from analysis.positions import bucket_means, paired_difference
@@ -218,9 +219,13 @@ def summarise(exp: LongContextExperiment, results: list[dict]) -> dict[str, Any]
                     diffs["on_minus_off"].setdefault(variant, {}).setdefault(d, []).append(paired_difference(
                         *arrays(variant, seed, d, "off"), *arrays(variant, seed, d, "on"), samples=exp.bootstrap_samples))
                 if variant != exp.reference:
+                    # each side as it is used: writing while it reads if it has an FwPKM (an
+                    # attention reference has only "off"; a memory reference, e.g. the plain base
+                    # against the knob base, writes too)
                     best = "on" if "on" in scores else "off"
+                    ref = "on" if "on" in by[(exp.reference, seed)]["scores"][d] else "off"
                     diffs["minus_reference"].setdefault(variant, {}).setdefault(d, []).append(paired_difference(
-                        *arrays(exp.reference, seed, d, "off"), *arrays(variant, seed, d, best),
+                        *arrays(exp.reference, seed, d, ref), *arrays(variant, seed, d, best),
                         samples=exp.bootstrap_samples))
     tokens = {d: np.array(by[(exp.reference, exp.seeds[0])]["scores"][d]["off"]["counts"]).sum(0).tolist()
               for d in domains}
@@ -300,8 +305,8 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
             lines.append(f"  {d:<8s} {per:<28s} {m['mean']:+.3f}{interval}")
     lines.append("")
     lines.append("Δ: difference of mean losses, 95 % paired bootstrap interval over documents (one seed) or mean ± "
-                 "std over seeds (k/n: seeds whose interval excludes 0); Δ v−reference compares v with its "
-                 "memory writing (if it has an FwPKM) against the reference.")
+                 "std over seeds (k/n: seeds whose interval excludes 0); Δ v−reference compares v and the "
+                 "reference each with its memory writing (if it has an FwPKM).")
     return "\n".join(lines)
 
 

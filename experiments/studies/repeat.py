@@ -214,7 +214,7 @@ def episode_interval(values: list[float], samples: int, seed: int = 0) -> list[f
 def summarise(exp: RepeatExperiment, results: list[dict]) -> dict[str, Any]:
     """recall[variant][setting][gap][domain] = {per_seed, episode_ci (per seed), mean, std, t95};
     and, with a reference, each variant's best setting (writes on if it has them) minus the
-    reference's writes-off recall, paired by seed."""
+    reference's (likewise), paired by seed."""
     import statistics
 
     from analysis.aggregate import mean_std
@@ -243,9 +243,12 @@ def summarise(exp: RepeatExperiment, results: list[dict]) -> dict[str, Any]:
         for v in exp.variants:
             if v == exp.reference:
                 continue
+            # each side as it is used: writing if it has an FwPKM (a memory reference, e.g. the plain
+            # base against the knob base, writes too; an attention reference has only "off")
             best = "on" if "on" in recall[v] else "off"
+            ref = "on" if "on" in recall[exp.reference] else "off"
             differences[v] = {str(gap): {d: mean_std([a - b for a, b in zip(recall[v][best][str(gap)][d]["values"],
-                                                                           recall[exp.reference]["off"][str(gap)][d]["values"])])
+                                                                           recall[exp.reference][ref][str(gap)][d]["values"])])
                                          for d in domains} for gap in exp.gaps}
     window, reach = results[0]["window"], results[0]["reach"]
     return {"reach": reach, "seeds": exp.seeds, "variants": exp.variants, "reference": exp.reference, "domains": domains,

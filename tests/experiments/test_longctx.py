@@ -147,6 +147,12 @@ def test_family_run_writes_results_table_and_plot_and_reuses_them(tiny, tmp_path
     again = []
     run(load(path), say=again.append)
     assert not any("scoring" in line for line in again)  # finished variants are read back
+    # a memory variant as the reference is read as it is used, writing: attention − fwpkm(on)
+    folder2, against = run(load(path, overrides=["reference=fwpkm"]), say=again.append)
+    assert folder2 == folder and not any("scoring" in line for line in again)  # the same members
+    att, mem = saved["means"]["attention"]["math"]["off"], saved["means"]["fwpkm"]["math"]["on"]
+    cells = against["differences"]["minus_reference"]["attention"]["math"][0]
+    assert [c["value"] for c in cells] == pytest.approx([a - b for a, b in zip(att, mem)])
 
 
 def test_variant_subset_on_the_command_line(tiny, tmp_path):

@@ -96,6 +96,21 @@ def test_statistics_by_hand():
     assert d["values"] == pytest.approx([0.4, 0.1])
 
 
+def test_a_memory_reference_is_compared_writing():
+    """With a reference that has an FwPKM, Δ is variant(on) − reference(on), not − reference(off)."""
+    class Exp:
+        variants, reference, seeds, gaps = ["plain", "knob"], "plain", [0], [5]
+        passage, episodes, split, bootstrap_samples = 4, 2, "eval", 50
+
+    def member(v, off, on):
+        cell = lambda rec: {"5": {"control": [3.0 + x for x in rec], "repeat": [3.0, 3.0]}}
+        return {"variant": v, "seed": 0, "window": 8, "reach": 14,
+                "scores": {"math": {"off": cell(off), "on": cell(on)}}}
+
+    s = summarise(Exp, [member("plain", [0.0, 0.0], [0.6, 0.8]), member("knob", [0.0, 0.0], [0.5, 0.5])])
+    assert s["minus_reference"]["knob"]["5"]["math"]["values"] == pytest.approx([0.5 - 0.7])
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"passage": 20}, "passage"),
     ({"gaps": [0, 40]}, "gaps"),
