@@ -345,11 +345,17 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, mid - half), min(1.0, mid + half))
 
 
+def study_identity(exp: NeedleExperiment, family: Family) -> dict[str, Any]:
+    """What a result folder is keyed by: the experiment's settings (not its model list, seeds or
+    runs root: members are cached one per file) and the family's settings, not its file's text."""
+    identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("models", "seeds", "runs_root", "family")}
+    identity["family"] = family.identity()
+    return identity
+
+
 def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
     family = needle_family(exp)
-    identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("models", "seeds", "runs_root", "family")}
-    identity["family"] = family.identity()  # its settings, not its file's text
-    folder = study_folder(family.resolved_runs_root(), "niah", identity)
+    folder = study_folder(family.resolved_runs_root(), "niah", study_identity(exp, family))
     setups = check_models(exp)  # every name checked, the stream loaded once
     # A member is reused only for the same model spec (variant, fine-tuning, write rule).
     results = [cached(folder, name, seed, lambda: evaluate(exp, name, seed, say, setups),
@@ -433,10 +439,10 @@ def run_over_bases(exp: NeedleExperiment, base_seeds: list[int],
         say(f"--- base seed {member.base_seed}")
         per_base[member.base_seed] = run(member, say)[1]
     summary = over_bases(per_base)
-    identity = {k: v for k, v in dataclasses.asdict(exp).items()
-                if k not in ("models", "seeds", "runs_root", "family", "base_seed")}
-    identity.update(family=needle_family(exp).identity(), base_seeds=base_seeds, models=sorted(exp.models))
-    folder = study_folder(needle_family(exp).resolved_runs_root(), "niah-bases", identity)
+    family = needle_family(exp)
+    identity = {k: v for k, v in study_identity(exp, family).items() if k != "base_seed"}
+    identity.update(base_seeds=base_seeds, models=sorted(exp.models))
+    folder = study_folder(family.resolved_runs_root(), "niah-bases", identity)
     folder.mkdir(parents=True, exist_ok=True)
     text = bases_table(exp, summary)
     write_results(folder, summary, text)
