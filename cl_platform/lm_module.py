@@ -134,10 +134,15 @@ class LMModule(L.LightningModule):
         eval_domains: list[str] | None = None,
         position: RunPosition | None = None,
         precision: Precision = "32-true",
+        sequences_per_forward: int = 0,
     ):
         super().__init__()
         if phase not in ("pretrain", "fast", "finetune"):
             raise ValueError(f"LMModule.phase must be 'pretrain', 'fast' or 'finetune', got {phase!r}")
+        if isinstance(sequences_per_forward, bool) or not isinstance(sequences_per_forward, int) or sequences_per_forward < 0:
+            raise ValueError(f"LMModule.sequences_per_forward must be an int >= 0, got {sequences_per_forward!r}")
+        if sequences_per_forward and phase != "pretrain":
+            raise ValueError(f"LMModule.sequences_per_forward is for phase 'pretrain' (no strategy), not {phase!r}")
         if precision not in PRECISIONS:
             raise ValueError(f"LMModule.precision must be one of {list(PRECISIONS)}, got {precision!r}")
         if phase != "fast" and optim is None:
@@ -150,6 +155,12 @@ class LMModule(L.LightningModule):
         self.memory_policy = memory_policy if memory_policy is not None else FrozenMemory()
         self.seed = seed
         self.precision = precision
+        # 0: a training batch is one forward, so its sequences read and write one memory (the
+        # layer's state has no batch dimension). k > 0: k sequences a forward, gradients summed
+        # into one optimiser step; under `persistence: reset_per_call` every group of k then has
+        # a memory of its own, as at evaluation: episodic training without cross-talk (with
+        # 64 shared keys, 32 sequences in one memory left associative recall at chance).
+        self.sequences_per_forward = sequences_per_forward
         self.eval_domains = list(eval_domains or [])
         self.position = position if position is not None else RunPosition()
         self.ctx: StrategyContext | None = None  # the current experience's, from begin_experience
@@ -234,6 +245,8 @@ class LMModule(L.LightningModule):
         for group in opt.param_groups:
             group["lr"] = lr
         self.model.train()
+        if self.sequences_per_forward and ctx is None:
+            return self._grouped_step(opt, x, y, lr)
         with self.autocast():
             logits, lm = self.model(x, y)
         losses: dict[str, Tensor] = {"lm": lm.float()}
@@ -255,6 +268,28 @@ class LMModule(L.LightningModule):
         stats = {name: float(v.detach()) for name, v in losses.items()}
         stats.update(total=float(total.detach()), lr=lr, grad_norm=grad_norm)
         return stats
+
+    def _grouped_step(self, opt: Any, x: Tensor, y: Tensor, lr: float) -> dict[str, float]:
+        """One optimiser step over the batch read `sequences_per_forward` sequences at a time.
+        Each group's mean loss is weighted by its share of the batch's target tokens, so the
+        summed gradient is that of the batch's token mean, as in a single forward."""
+        k = self.sequences_per_forward
+        counts = (y != IGNORE_INDEX).sum(dim=1)
+        total = int(counts.sum())
+        opt.zero_grad(set_to_none=True)
+        lm_mean = 0.0
+        for start in range(0, x.shape[0], k):
+            share = int(counts[start:start + k].sum()) / max(total, 1)
+            if share == 0:
+                continue  # a group with no targets has no loss (cross-entropy would be NaN)
+            with self.autocast():
+                _, lm = self.model(x[start:start + k], y[start:start + k])
+            self._check_finite({"lm": lm.float()})
+            self.manual_backward(lm.float() * share)
+            lm_mean += float(lm.detach()) * share
+        grad_norm = self._clip_gradients()
+        opt.step()
+        return {"lm": lm_mean, "total": lm_mean, "lr": lr, "grad_norm": grad_norm}
 
     def _clip_gradients(self) -> float:
         # Sparse gradients (a static PKM's value rows) are left out: their norm is not defined

@@ -11,6 +11,15 @@ gives every forward a freshly drawn memory, and evaluation reads one sequence pe
 sequence can read another's pairs. (In training the B sequences of a batch share one memory, as
 in every FwPKM phase here; their pairs interfere, which costs training loss, not accuracy.)
 Results: `<runs_root>/recall-<hash>/results.json` and a printed table.
+
+Scaling (issue 22, `experiments/configs/recall_scale.yaml`): `pairs: [8, 16, 32, 64]` runs the
+study once per pair count (each its own folder) and prints one table; a variant named `fwpkm@1`
+puts its memory at layer 1, after an attention layer (`fwpkm-no-lookahead@1`: the look-ahead
+ablation where attention could stand in for it); `sequences_per_forward: 1` trains each sequence
+with a memory of its own, as it is evaluated (with the default 0, the B sequences of a batch
+write one memory: with 64 shared keys their pairs collide, and beyond ~8 pairs nothing is
+learned); `probe_every: N` scores 16 probe sequences at the longest distance every N steps,
+giving the steps each variant needs to reach 90 %.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ ABLATIONS = {
     "fwpkm-no-addr-loss": ("rule", {"addr_weight": 0.0}),
 }
 VARIANTS = ("attention", "fwpkm", *ABLATIONS)
+PROBE_SEQUENCES = 16  # scored every `probe_every` steps at the longest distance
 
 
 @dataclass
@@ -56,20 +66,57 @@ class RecallExperiment:
     eval_sequences: int = 64  # per distance
     seeds: list[int] = field(default_factory=lambda: [0])
     runs_root: str = "runs"
+    sequences_per_forward: int = 0  # 0: a batch is one forward, one memory; k: k sequences a memory
+    probe_every: int = 0  # steps between probes of accuracy during training; 0: none
+    pairs: list[int] = field(default_factory=list)  # a grid over recall.num_pairs: one study each
 
     def __post_init__(self) -> None:
         self.recall_config = RecallConfig(**self.recall)  # its own errors name recall.<field>
-        bad = [v for v in self.variants if v not in VARIANTS]
-        check(not bad and bool(self.variants), self, "variants", f"has {bad or 'nothing'}; the variants are {list(VARIANTS)}")
+        bad = [v for v in self.variants if split_variant(v, self.fwpkm_layer)[0] not in VARIANTS or v.startswith("attention@")]
+        check(not bad and bool(self.variants), self, "variants",
+              f"has {bad or 'nothing'}; the variants are {list(VARIANTS)}, a memory variant with @<layer> to place it")
         for name in ("n_layer", "d_model", "n_head", "window", "chunk", "steps", "batch_size", "eval_sequences"):
             check(is_int(getattr(self, name), 1), self, name, "must be a positive int")
         check(is_int(self.fwpkm_layer, 0) and self.fwpkm_layer < self.n_layer, self, "fwpkm_layer",
               f"must be a layer index in 0..{self.n_layer - 1}")
+        for v in self.variants:
+            layer = split_variant(v, self.fwpkm_layer)[1]
+            check(layer is not None and 0 <= layer < self.n_layer, self, "variants",
+                  f"{v!r} places its memory at layer {layer}; the layers are 0..{self.n_layer - 1}")
         check(is_number(self.lr, 0, strict=True), self, "lr", "must be a number > 0")
         check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
               self, "seeds", "must be a non-empty list of distinct ints")
-        for d in self.eval_distances:
-            self.recall_config.check_distance(d)
+        check(is_int(self.sequences_per_forward, 0) and self.sequences_per_forward <= self.batch_size, self,
+              "sequences_per_forward", f"must be an int in 0..batch_size ({self.batch_size})")
+        check(is_int(self.probe_every, 0), self, "probe_every", "must be an int >= 0")
+        check(all(is_int(p, 1) for p in self.pairs) and len(set(self.pairs)) == len(self.pairs), self, "pairs",
+              "must be a list of distinct positive ints")
+        for config in [self.recall_config] + [RecallConfig(**{**self.recall, "num_pairs": p}) for p in self.pairs]:
+            for d in self.eval_distances:
+                config.check_distance(d)
+
+    def at_pairs(self, num_pairs: int) -> "RecallExperiment":
+        """The same experiment with `num_pairs` pairs: one point of the `pairs` grid."""
+        return dataclasses.replace(self, recall={**self.recall, "num_pairs": num_pairs}, pairs=[])
+
+    def identity(self) -> dict[str, Any]:
+        """What names the results folder: every setting that changes a member's result. The
+        fields added for the scaling study leave the identity unchanged at their defaults, so
+        earlier results keep their folders."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("variants", "seeds", "runs_root", "pairs")}
+        for name in ("sequences_per_forward", "probe_every"):
+            if not out[name]:
+                del out[name]
+        return out
+
+
+def split_variant(variant: str, default_layer: int) -> tuple[str, int | None]:
+    """("fwpkm-no-gate", 1) for "fwpkm-no-gate@1"; the experiment's `fwpkm_layer` without "@";
+    layer None when the suffix is not an int."""
+    name, at, layer = variant.partition("@")
+    if not at:
+        return name, default_layer
+    return name, int(layer) if layer.isdigit() else None
 
 
 def load(path: str | Path, seeds: list[int] | None = None, overrides: Sequence[str] = ()) -> RecallExperiment:
@@ -82,19 +129,45 @@ def model_config(exp: RecallExperiment, variant: str):
     from cl_platform.memory.fwpkm import FwPKMConfig
     from cl_platform.model import ModelConfig
 
-    kind, change = ABLATIONS.get(variant, ("", {}))
+    name, layer = split_variant(variant, exp.fwpkm_layer)
+    kind, change = ABLATIONS.get(name, ("", {}))
     arch = {**exp.fwpkm, **(change if kind == "arch" else {})}
     return ModelConfig(vocab_size=exp.recall_config.vocab_size, n_layer=exp.n_layer, d_model=exp.d_model,
                        n_head=exp.n_head, window=exp.window, fwpkm=FwPKMConfig(**arch),
-                       fwpkm_layers=[] if variant == "attention" else [exp.fwpkm_layer])
+                       fwpkm_layers=[] if name == "attention" else [layer])
+
+
+def accuracy_at(model, exp: RecallExperiment, distance: int, n: int, seed: int, health: dict | None = None) -> float:
+    """Exact match at the query positions of `n` fresh sequences with their queries `distance`
+    tokens after their pairs, one sequence per forward (its own fresh memory)."""
+    import torch
+
+    from cl_platform.constants import IGNORE_INDEX
+    from streams.recall import recall_batch
+
+    test = recall_batch(exp.recall_config, n, [distance] * n, seed=seed)
+    hits = total = 0
+    with torch.no_grad():
+        for i in range(n):
+            ids, tgt = test["input_ids"][i:i + 1], test["targets"][i:i + 1]
+            mask = tgt != IGNORE_INDEX
+            for layer in model.fwpkm_layers():
+                layer.reset_read_counts()
+            hits += int((model(ids).argmax(-1)[mask] == tgt[mask]).sum())
+            total += int(mask.sum())
+            if health is not None:
+                for layer in model.fwpkm_layers():  # addressing health of this sequence's reads
+                    for name, value in layer.usage_stats().items():
+                        health.setdefault(name, []).append(value)
+    return hits / total
 
 
 def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str, Any]:
     """Train one variant from seed `seed`; accuracy per eval distance on fresh sequences."""
+    import lightning as L
     import torch
     from torch.utils.data import DataLoader
 
-    from cl_platform.constants import IGNORE_INDEX
     from cl_platform.lm_module import LMModule, OptimSettings
     from cl_platform.memory.fwpkm import WriteRule
     from cl_platform.model import FwPKMLM
@@ -105,7 +178,7 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     quiet_lightning()
     cfg = exp.recall_config
     torch.manual_seed(seed)
-    kind, change = ABLATIONS.get(variant, ("", {}))
+    kind, change = ABLATIONS.get(split_variant(variant, exp.fwpkm_layer)[0], ("", {}))
     rule = WriteRule(chunk=exp.chunk, persistence="reset_per_call", **(change if kind == "rule" else {}))
     model = FwPKMLM(model_config(exp, variant), rule)
     # Training sequences put their queries at the end of the segment (the longest distance);
@@ -114,44 +187,60 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     n = exp.steps * exp.batch_size
     data = recall_batch(cfg, n, [cfg.max_distance] * n, seed=1000 + seed)
     rows = [{"input_ids": data["input_ids"][i], "targets": data["targets"][i]} for i in range(n)]
-    module = LMModule(model, phase="pretrain", seed=seed,
+    # A model without a memory has nothing to keep apart: one forward a batch, the same gradient.
+    grouped = exp.sequences_per_forward if model.fwpkm_layers() else 0
+    module = LMModule(model, phase="pretrain", seed=seed, sequences_per_forward=grouped,
                       optim=OptimSettings(lr=exp.lr, weight_decay=0.0, grad_clip=1.0,
                                           warmup_steps=exp.steps // 20, decay_steps=exp.steps))
-    make_trainer(Placement(), [], logger=False, progress_bar=False).fit(module, DataLoader(rows, batch_size=exp.batch_size))
+    curve: list[list[float]] = []
+
+    class Probe(L.Callback):
+        # Scores the probe set every `probe_every` steps (and after the last); eval mode, no
+        # gradient and a fresh memory per sequence, so training is not changed by it.
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            step = pl_module.position.step
+            if step % exp.probe_every == 0 or step == exp.steps:
+                model.eval()
+                curve.append([step, accuracy_at(model, exp, cfg.max_distance, PROBE_SEQUENCES, seed=20_000 + seed)])
+                model.train()
+
+    callbacks = [Probe()] if exp.probe_every else []
+    make_trainer(Placement(), callbacks, logger=False, progress_bar=False).fit(module, DataLoader(rows, batch_size=exp.batch_size))
     train_loss = module.last_losses["lm"]
     model.eval()
-    accuracy = {}
     health: dict[str, list[float]] = {}
-    with torch.no_grad():
-        for d in exp.eval_distances:
-            test = recall_batch(cfg, exp.eval_sequences, [d] * exp.eval_sequences, seed=10_000 + 7 * seed + d)
-            hits = total = 0
-            for i in range(exp.eval_sequences):  # one sequence per forward: its own fresh memory
-                ids, tgt = test["input_ids"][i:i + 1], test["targets"][i:i + 1]
-                mask = tgt != IGNORE_INDEX
-                for layer in model.fwpkm_layers():
-                    layer.reset_read_counts()
-                hits += int((model(ids).argmax(-1)[mask] == tgt[mask]).sum())
-                total += int(mask.sum())
-                for layer in model.fwpkm_layers():  # addressing health of this sequence's reads
-                    for name, value in layer.usage_stats().items():
-                        health.setdefault(name, []).append(value)
-            accuracy[str(d)] = hits / total
-    return {"variant": variant, "seed": seed, "final_train_loss": train_loss, "accuracy": accuracy,
-            "addressing": {name: statistics.fmean(values) for name, values in health.items()}}
+    accuracy = {str(d): accuracy_at(model, exp, d, exp.eval_sequences, seed=10_000 + 7 * seed + d, health=health)
+                for d in exp.eval_distances}
+    out = {"variant": variant, "seed": seed, "final_train_loss": train_loss, "accuracy": accuracy,
+           "addressing": {name: statistics.fmean(values) for name, values in health.items()}}
+    if exp.probe_every:
+        out["probe_curve"] = curve
+        out["steps_to_90"] = next((step for step, acc in curve if acc >= 0.9), None)
+    return out
 
 
 def run(exp: RecallExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
-    """Every (variant, seed), each saved as it finishes; a re-run skips the finished ones."""
+    """Every (variant, seed), each saved as it finishes; a re-run skips the finished ones. With a
+    `pairs` grid: every pair count in turn; returns the last folder and {pairs: summary}."""
+    if exp.pairs:
+        summaries = {}
+        for p in exp.pairs:
+            folder, summaries[p] = run_one(exp.at_pairs(p), say=lambda line: None if line.startswith("results") else say(line))
+        say(grid_table(exp, summaries))
+        return folder, summaries
+    return run_one(exp, say)
+
+
+def run_one(exp: RecallExperiment, say: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
     # One folder per setting; each (variant, seed) is its own file in it, so adding a variant or a
     # seed trains only what is new.
-    identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("variants", "seeds", "runs_root")}
+    identity = exp.identity()
     folder = study_folder(exp.runs_root, "recall", identity)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / "config.json", identity)
 
     def train(variant: str, seed: int) -> dict[str, Any]:
-        say(f"training {variant}, seed {seed} ({exp.steps} steps of {exp.batch_size} sequences)")
+        say(f"training {variant}, seed {seed} ({exp.recall_config.num_pairs} pairs; {exp.steps} steps of {exp.batch_size} sequences)")
         return train_and_score(exp, variant, seed)
 
     results = [cached(folder, variant, seed, lambda: train(variant, seed)) for variant in exp.variants for seed in exp.seeds]
@@ -163,25 +252,50 @@ def run(exp: RecallExperiment, say: Callable[[str], None] = print) -> tuple[Path
     return folder, summary
 
 
-def summarise(exp: RecallExperiment, results: list[dict]) -> dict[str, dict[str, list[float]]]:
-    """{variant: {distance: [mean, std]}} over seeds (std 0 for one seed)."""
-    out: dict[str, dict[str, list[float]]] = {}
+def summarise(exp: RecallExperiment, results: list[dict]) -> dict[str, dict[str, Any]]:
+    """{variant: {distance: [mean, std]}} over seeds (std 0 for one seed); with probes, also
+    "steps_to_90": [per seed, None where the probe never reached 90 %]."""
+    out: dict[str, dict[str, Any]] = {}
     for variant in exp.variants:
         runs = [r for r in results if r["variant"] == variant]
         out[variant] = {}
         for d in map(str, exp.eval_distances):
             values = [r["accuracy"][d] for r in runs]
             out[variant][d] = [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
+        if exp.probe_every:
+            out[variant]["steps_to_90"] = [r.get("steps_to_90") for r in runs]
     return out
+
+
+def _steps(values: list) -> str:
+    return "/".join("-" if v is None else str(v) for v in values)
 
 
 def table(exp: RecallExperiment, summary: dict) -> str:
     cfg = exp.recall_config
     head = (f"recall accuracy (exact match at the query positions; chance {1 / cfg.num_values:.3f}; attention window "
             f"{exp.window}; {cfg.num_pairs} pairs; mean ± std over seeds {exp.seeds})")
-    lines = [head, f"{'distance':>22s} " + " ".join(f"{d:>13d}" for d in exp.eval_distances)]
+    lines = [head, f"{'distance':>22s} " + " ".join(f"{d:>13d}" for d in exp.eval_distances)
+             + ("   steps to 90 %" if exp.probe_every else "")]
     for variant, by_d in summary.items():
-        lines.append(f"{variant:>22s} " + " ".join(f"{m:6.3f} ± {s:4.3f}" for m, s in by_d.values()))
+        cells = " ".join(f"{by_d[str(d)][0]:6.3f} ± {by_d[str(d)][1]:4.3f}" for d in exp.eval_distances)
+        lines.append(f"{variant:>22s} {cells}" + (f"   {_steps(by_d['steps_to_90'])}" if exp.probe_every else ""))
+    return "\n".join(lines)
+
+
+def grid_table(exp: RecallExperiment, summaries: dict[int, dict]) -> str:
+    """One row per (variant, pair count): accuracy by distance, and the steps to 90 % per seed."""
+    cfg = exp.recall_config
+    lines = [f"recall against the number of pairs (seq_len {cfg.seq_len}, {cfg.num_keys} keys, chance "
+             f"{1 / cfg.num_values:.3f}, window {exp.window}, {exp.steps} steps of {exp.batch_size}, sequences per "
+             f"forward {exp.sequences_per_forward or exp.batch_size}; mean ± std over seeds {exp.seeds})",
+             f"{'variant':>22s} {'pairs':>5s} " + " ".join(f"{d:>13d}" for d in exp.eval_distances)
+             + ("   steps to 90 %" if exp.probe_every else "")]
+    for variant in exp.variants:
+        for p, summary in summaries.items():
+            by_d = summary[variant]
+            cells = " ".join(f"{by_d[str(d)][0]:6.3f} ± {by_d[str(d)][1]:4.3f}" for d in exp.eval_distances)
+            lines.append(f"{variant:>22s} {p:5d} {cells}" + (f"   {_steps(by_d['steps_to_90'])}" if exp.probe_every else ""))
     return "\n".join(lines)
 
 

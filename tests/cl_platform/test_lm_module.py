@@ -188,3 +188,73 @@ def test_bf16_mixed_trains_close_to_float32_keeps_float32_weights_and_is_determi
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="LMModule.precision must be one of"):
         LMModule(tiny_model(), phase="fast", precision="16-mixed")
+
+
+class GradientRecorder(LMModule):
+    """LMModule that keeps a copy of the gradients it clips (the step's summed gradient)."""
+
+    def _clip_gradients(self) -> float:
+        self.recorded = {name: p.grad.clone() for name, p in self.model.named_parameters() if p.grad is not None}
+        return super()._clip_gradients()
+
+
+def episodic_model(seed=0) -> FwPKMLM:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=V, n_layer=2, d_model=32, n_head=2, fwpkm_layers=[0], window=8,
+                      fwpkm=FwPKMConfig(num_subkeys=8, d_key=16, d_value=16))
+    return FwPKMLM(cfg, WriteRule(chunk=8, persistence="reset_per_call"))
+
+
+def one_batch(batch_size=4):
+    rows = batches(batch_size, seed=5)
+    for i, row in enumerate(rows):  # unequal target counts, so a plain mean of group losses is wrong
+        row["targets"][: 2 * i] = -100
+    return DataLoader(rows, batch_size=batch_size)
+
+
+def test_sequences_per_forward_sums_the_gradients_of_each_sequence_with_its_own_memory():
+    from cl_platform.lm_module import step_seed
+
+    batch = next(iter(one_batch()))
+    module = GradientRecorder(episodic_model(), phase="pretrain", optim=OptimSettings(lr=1e-3), seed=3,
+                              sequences_per_forward=1)
+    reference = episodic_model()  # the same initial weights
+    fit(module, one_batch())
+    # By hand: each sequence alone (a fresh memory each), its mean loss weighted by its share of
+    # the batch's target tokens, in the order the step reads them (pSWA draws and memory
+    # initialisations come from the step's seed).
+    torch.manual_seed(step_seed(3, 0))
+    reference.train()
+    counts = (batch["targets"] != -100).sum(dim=1)
+    total, expected_loss = 0, 0.0
+    for i in range(4):
+        _, loss = reference(batch["input_ids"][i:i + 1], batch["targets"][i:i + 1])
+        share = float(counts[i]) / float(counts.sum())
+        (loss * share).backward()
+        expected_loss += float(loss.detach()) * share
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(module.recorded[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert module.last_losses["lm"] == pytest.approx(expected_loss, rel=1e-6)
+    # A shared memory gives another gradient: the groups really did read separate memories.
+    whole = GradientRecorder(episodic_model(), phase="pretrain", optim=OptimSettings(lr=1e-3), seed=3)
+    fit(whole, one_batch())
+    assert not torch.allclose(whole.recorded["blocks.0.fwpkm.proj_v.weight"], module.recorded["blocks.0.fwpkm.proj_v.weight"])
+
+
+def test_one_group_of_the_whole_batch_is_the_ordinary_step():
+    plain = LMModule(episodic_model(), phase="pretrain", optim=OptimSettings(lr=1e-2), seed=1)
+    grouped = LMModule(episodic_model(), phase="pretrain", optim=OptimSettings(lr=1e-2), seed=1, sequences_per_forward=4)
+    fit(plain, one_batch())
+    fit(grouped, one_batch())
+    assert same(state(plain.model), state(grouped.model))
+    assert grouped.last_losses["lm"] == plain.last_losses["lm"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"phase": "finetune", "optim": OptimSettings(lr=1e-3), "sequences_per_forward": 2}, "phase 'pretrain'"),
+    ({"phase": "pretrain", "optim": OptimSettings(lr=1e-3), "sequences_per_forward": -1}, "sequences_per_forward"),
+    ({"phase": "pretrain", "optim": OptimSettings(lr=1e-3), "sequences_per_forward": True}, "sequences_per_forward"),
+])
+def test_sequences_per_forward_is_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LMModule(tiny_model(), **kwargs)
