@@ -8,8 +8,10 @@ then scored by exact-match accuracy against the distance between the pairs and t
 Training is ordinary Lightning training (`LMModule`, phase `pretrain`: slow weights trained
 through the writes). The memory is episodic: the write rule's `persistence: reset_per_call`
 gives every forward a freshly drawn memory, and evaluation reads one sequence per forward, so no
-sequence can read another's pairs. (In training the B sequences of a batch share one memory, as
-in every FwPKM phase here; their pairs interfere, which costs training loss, not accuracy.)
+sequence can read another's pairs. In training, by default, the B sequences of a batch share one
+memory, as in every FwPKM phase here: with 8 pairs of 64 keys their pairs collide only a little
+(it costs training loss, not accuracy), with more pairs the memory holds a blur of the batch's
+values and nothing is learned; `sequences_per_forward: 1` gives each its own (below).
 Results: `<runs_root>/recall-<hash>/results.json` and a printed table.
 
 Scaling (issue 22, `experiments/configs/recall_scale.yaml`): `pairs: [8, 16, 32, 64]` runs the
@@ -56,7 +58,7 @@ class RecallExperiment:
     d_model: int = 64
     n_head: int = 2
     window: int = 8  # attention window (tokens): every eval distance below is beyond it but 0
-    fwpkm_layer: int = 0  # where the memory sits (layer 1 did not learn in 1,000 steps: experiments/LOG.md)
+    fwpkm_layer: int = 0  # where the memory sits (a variant "name@L" puts its own at layer L)
     fwpkm: dict[str, Any] = field(default_factory=lambda: {"num_subkeys": 64, "d_key": 32, "d_value": 64})
     chunk: int = 16  # tokens per write
     steps: int = 400
