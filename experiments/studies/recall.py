@@ -269,19 +269,24 @@ def summarise(exp: RecallExperiment, results: list[dict]) -> dict[str, dict[str,
     return out
 
 
-def _steps(values: list) -> str:
-    return "/".join("-" if v is None else str(v) for v in values)
+def _columns(exp: RecallExperiment) -> str:
+    return " ".join(f"{d:>13d}" for d in exp.eval_distances) + ("   steps to 90 %" if exp.probe_every else "")
+
+
+def _cells(exp: RecallExperiment, by_d: dict[str, Any]) -> str:
+    """One variant's accuracy by distance (mean ± std), then the steps to 90 % per seed ("-": never)."""
+    cells = " ".join(f"{by_d[str(d)][0]:6.3f} ± {by_d[str(d)][1]:4.3f}" for d in exp.eval_distances)
+    if exp.probe_every:
+        cells += "   " + "/".join("-" if v is None else str(v) for v in by_d["steps_to_90"])
+    return cells
 
 
 def table(exp: RecallExperiment, summary: dict) -> str:
     cfg = exp.recall_config
     head = (f"recall accuracy (exact match at the query positions; chance {1 / cfg.num_values:.3f}; attention window "
             f"{exp.window}; {cfg.num_pairs} pairs; mean ± std over seeds {exp.seeds})")
-    lines = [head, f"{'distance':>22s} " + " ".join(f"{d:>13d}" for d in exp.eval_distances)
-             + ("   steps to 90 %" if exp.probe_every else "")]
-    for variant, by_d in summary.items():
-        cells = " ".join(f"{by_d[str(d)][0]:6.3f} ± {by_d[str(d)][1]:4.3f}" for d in exp.eval_distances)
-        lines.append(f"{variant:>22s} {cells}" + (f"   {_steps(by_d['steps_to_90'])}" if exp.probe_every else ""))
+    lines = [head, f"{'distance':>22s} {_columns(exp)}"]
+    lines += [f"{variant:>22s} {_cells(exp, by_d)}" for variant, by_d in summary.items()]
     return "\n".join(lines)
 
 
@@ -291,13 +296,9 @@ def grid_table(exp: RecallExperiment, summaries: dict[int, dict]) -> str:
     lines = [f"recall against the number of pairs (seq_len {cfg.seq_len}, {cfg.num_keys} keys, chance "
              f"{1 / cfg.num_values:.3f}, window {exp.window}, {exp.steps} steps of {exp.batch_size}, sequences per "
              f"forward {exp.sequences_per_forward or exp.batch_size}; mean ± std over seeds {exp.seeds})",
-             f"{'variant':>22s} {'pairs':>5s} " + " ".join(f"{d:>13d}" for d in exp.eval_distances)
-             + ("   steps to 90 %" if exp.probe_every else "")]
-    for variant in exp.variants:
-        for p, summary in summaries.items():
-            by_d = summary[variant]
-            cells = " ".join(f"{by_d[str(d)][0]:6.3f} ± {by_d[str(d)][1]:4.3f}" for d in exp.eval_distances)
-            lines.append(f"{variant:>22s} {p:5d} {cells}" + (f"   {_steps(by_d['steps_to_90'])}" if exp.probe_every else ""))
+             f"{'variant':>22s} {'pairs':>5s} {_columns(exp)}"]
+    lines += [f"{variant:>22s} {p:5d} {_cells(exp, summary[variant])}"
+              for variant in exp.variants for p, summary in summaries.items()]
     return "\n".join(lines)
 
 
