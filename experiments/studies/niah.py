@@ -26,6 +26,12 @@ sequence with writes every haystack-length tokens, so the question reads a memor
 reads of the haystack (as in 3-iter) and the gradient reaches the write path through the writes
 (a write in an earlier forward is detached, so training on separate reads could not teach the
 writing). Loss on the answer tokens only. Evaluation episodes come from the `eval` split.
+Every training episode has a memory of its own, as every evaluation episode does: one sequence
+per forward (`LMModule(sequences_per_forward=1)`), each forward starting from the base's memory,
+which is also what evaluation starts from. (Before 2026-12-06 the fine-tune read its batch in
+one forward into one memory that persisted from episode to episode, so a question read writes of
+other episodes and of the other sequence in its batch — the collisions that kept recall at chance
+(`experiments/LOG.md`, stop 43); results made so are recomputed, `FINETUNE_MEMORY`.)
 Results: `<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later runs.
 
 A model may also change how far its variant's attention reaches (`model: {window: 4096}`; only
@@ -54,6 +60,9 @@ MODEL_KEYS = ("variant", "finetune", "rule", "model")
 # positive control (issue 22): the same weights with attention over the whole episode, fine-tuned on
 # the same needles, which must retrieve for a memory's null result to mean the memory.
 REACH_FIELDS = ("mixer", "window", "pswa_prob")
+# How a fine-tuned model's training episodes hold memory (module doc); a fine-tuned result made
+# otherwise is not reused.
+FINETUNE_MEMORY = "per-episode"
 
 
 @dataclass
@@ -227,12 +236,20 @@ def finetune(model, exp: NeedleExperiment, rule, source, tokenizer, seed: int, p
         targets[a0 - 1:a0 - 1 + len(e.answer)] = torch.tensor(e.answer)
         rows.append({"input_ids": ids[:-1], "targets": targets})
     model.set_write_rules(dataclasses.replace(rule, chunk=H, persistence="persist"))
+    base_memory = model.snapshot_memory()
+    # Each forward reads one episode (sequences_per_forward=1) from the base's memory: no episode
+    # reads another's writes, as in evaluation.
+    hook = model.register_forward_pre_hook(lambda *_: model.restore_memory(base_memory))
     torch.manual_seed(seed)
-    module = LMModule(model, phase="pretrain", seed=seed, precision=precision,
+    module = LMModule(model, phase="pretrain", seed=seed, precision=precision, sequences_per_forward=1,
                       optim=OptimSettings(lr=exp.finetune_lr, weight_decay=0.0, grad_clip=1.0,
                                           warmup_steps=exp.finetune_steps // 10, decay_steps=exp.finetune_steps))
-    make_trainer(Placement(), [], logger=False, progress_bar=False).fit(
-        module, DataLoader(rows, batch_size=exp.finetune_batch_size, shuffle=False))
+    try:
+        make_trainer(Placement(), [], logger=False, progress_bar=False).fit(
+            module, DataLoader(rows, batch_size=exp.finetune_batch_size, shuffle=False))
+    finally:
+        hook.remove()
+        model.restore_memory(base_memory)
     return float(module.last_losses["lm"])
 
 
@@ -330,7 +347,8 @@ def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], N
         loss = finetune(model, exp, rule, _tokens(data.splits["pretrain"]), tokenizer, seed, cfg.pretrain.precision)
     say(f"{name}, seed {seed}: scoring {exp.episodes} episodes")
     result = score(model, exp, rule, _tokens(data.splits["eval"]), tokenizer, cfg.pretrain.precision)
-    return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss, "window": model_config.window,
+    return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss,
+            "finetune_memory": FINETUNE_MEMORY if spec.get("finetune") else None, "window": model_config.window,
             "mixer": model_config.mixer,
             "fwpkm_layers": setup.model_config.fwpkm_layers, **result}
 
@@ -357,9 +375,11 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
     family = needle_family(exp)
     folder = study_folder(family.resolved_runs_root(), "niah", study_identity(exp, family))
     setups = check_models(exp)  # every name checked, the stream loaded once
-    # A member is reused only for the same model spec (variant, fine-tuning, write rule).
+    # A member is reused only for the same model spec (variant, fine-tuning, write rule) and, if
+    # fine-tuned, the same episode memory.
     results = [cached(folder, name, seed, lambda: evaluate(exp, name, seed, say, setups),
-                      fresh=lambda r: r.get("spec") == spec)
+                      fresh=lambda r: r.get("spec") == spec
+                      and (not spec.get("finetune") or r.get("finetune_memory") == FINETUNE_MEMORY))
                for name, spec in exp.models.items() for seed in (exp.seeds if spec.get("finetune") else exp.seeds[:1])]
     summary = summarise(exp, results)
     text = table(exp, summary)

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from cl_platform.check import ConfigError
-from experiments.studies.niah import load, read_in_pass, read_iteratively, run
+from experiments.studies.niah import FINETUNE_MEMORY, finetune, load, read_in_pass, read_iteratively, run
 from streams.needles import NeedleConfig, make_episode
 
 
@@ -121,6 +121,30 @@ def test_episodes_start_from_the_same_memory(model_and_episodes):
     assert torch.equal(values, memory[0].values)  # ... a 1-iter read does not
 
 
+def test_finetune_gives_every_episode_the_base_memory(tiny, tiny_base, tmp_path, model_and_episodes):
+    # Every FwPKM layer, whenever it reads during the fine-tune, reads one episode and holds the
+    # memory the base came with (the one evaluation starts from); afterwards the model holds that
+    # memory again. A fine-tune that read its batch in one forward, or let episodes read each
+    # other's writes, fails here.
+    model, _, rule = model_and_episodes
+    exp = load(family_files(tiny, tmp_path))
+    setup = tiny_base.setup
+    split = setup.scenario.domains["math"].splits["pretrain"]
+    source = split.segments.tokens[:, :-1][split.segments.doc_index[:, :-1] >= 0].numpy()
+    layers = model.fwpkm_layers()
+    base = model.snapshot_memory()
+    seen = []
+    for layer, then in zip(layers, base):
+        layer.register_forward_pre_hook(lambda layer, args, then=then: seen.append(
+            (args[0].shape[0], all(torch.equal(a, b) for a, b in zip(layer.snapshot(), then)))))
+    finetune(model, exp, rule, source, setup.scenario.tokenizer, seed=0, precision="32-true")
+    assert len(seen) == len(layers) * exp.finetune_steps * exp.finetune_batch_size
+    assert all(rows == 1 and same for rows, same in seen)
+    for layer, then in zip(layers, base):
+        assert all(torch.equal(a, b) for a, b in zip(layer.snapshot(), then))
+        assert layer.writes > 0  # the episodes did write (and were undone)
+
+
 def family_files(tiny, tmp_path, **niah):
     tiny.config(tmp_path / "base.yaml")
     (tmp_path / "family.yaml").write_text(yaml.safe_dump({
@@ -180,6 +204,15 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
     again = []
     run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=again.append)
     assert not any("scoring" in s for s in again)
+    # A fine-tuned result made with another episode memory (before it was recorded) is made again;
+    # the zero-shot one is not.
+    stale = json.loads((folder / "attention-seed0.json").read_text())
+    assert stale["finetune_memory"] == FINETUNE_MEMORY
+    del stale["finetune_memory"]
+    (folder / "attention-seed0.json").write_text(json.dumps(stale))
+    third = []
+    run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=third.append)
+    assert [s.split(":")[0] for s in third if "scoring" in s] == ["attention, seed 0"]
 
 
 def test_model_subset(tiny, tmp_path):
