@@ -153,11 +153,11 @@ class Pretrainer:
     def _run(self) -> dict[str, Any]:
         quiet_lightning()
         progress = self.out_dir / PROGRESS
-        started = time.perf_counter()
-        seconds_before = 0.0
+        self._started = started = time.perf_counter()
+        self._seconds_before = seconds_before = 0.0
         if latest_checkpoint(progress) is not None:
             self._restore(progress)
-            seconds_before = self.record["seconds"]
+            self._seconds_before = seconds_before = self.record["seconds"]  # up to the checkpoint
             mark_restart(self.logger, self.position.step)
             print(f"pretraining: continuing from step {self.position.step} ({progress})", flush=True)
         else:
@@ -239,6 +239,9 @@ class Pretrainer:
             return  # every rank holds the same weights, memory and optimiser state
         trainer = self.trainer
         optimizer = trainer.optimizers[0].state_dict() if trainer is not None and trainer.optimizers else None
+        # The seconds so far go into the checkpoint, so a resumed run's record sums its sessions
+        # (the time between a kill and its checkpoint is lost: at most checkpoint_every steps).
+        self.record["seconds"] = self._seconds_before + time.perf_counter() - self._started
         save_checkpoint(self.out_dir / PROGRESS, "pretrain", self.module.model.config, {
             "key": self.key, "model": self.module.model.state_dict(), "optimizer": optimizer,
             "step": self.position.step, "record": self.record,
