@@ -153,11 +153,11 @@ class Pretrainer:
     def _run(self) -> dict[str, Any]:
         quiet_lightning()
         progress = self.out_dir / PROGRESS
-        self._started = started = time.perf_counter()
-        self._seconds_before = seconds_before = 0.0
+        self._started = time.perf_counter()
+        self._seconds_before = 0.0
         if latest_checkpoint(progress) is not None:
             self._restore(progress)
-            self._seconds_before = seconds_before = self.record["seconds"]  # up to the checkpoint
+            self._seconds_before = self.record["seconds"]  # the sessions before, up to the checkpoint
             mark_restart(self.logger, self.position.step)
             print(f"pretraining: continuing from step {self.position.step} ({progress})", flush=True)
         else:
@@ -187,7 +187,7 @@ class Pretrainer:
             tokens=self.position.step * self.config.batch_size * self._seq_len(),
             final_eval=final,
             final_eval_mean=mean_loss(final.values()),
-            seconds=seconds_before + time.perf_counter() - started,
+            seconds=self._seconds(),
             versions=package_versions(VERSIONS),  # of the session that finished the base
             machine=machine(),
         )
@@ -202,6 +202,10 @@ class Pretrainer:
         previous_path(progress).unlink(missing_ok=True)
         self.logger.finalize("success")
         return self.record
+
+    def _seconds(self) -> float:
+        """Wall seconds of pretraining so far, this session's and the checkpointed ones before it."""
+        return self._seconds_before + time.perf_counter() - self._started
 
     def _set_trainer(self, trainer: L.Trainer) -> None:
         self.trainer = trainer
@@ -241,7 +245,7 @@ class Pretrainer:
         optimizer = trainer.optimizers[0].state_dict() if trainer is not None and trainer.optimizers else None
         # The seconds so far go into the checkpoint, so a resumed run's record sums its sessions
         # (the time between a kill and its checkpoint is lost: at most checkpoint_every steps).
-        self.record["seconds"] = self._seconds_before + time.perf_counter() - self._started
+        self.record["seconds"] = self._seconds()
         save_checkpoint(self.out_dir / PROGRESS, "pretrain", self.module.model.config, {
             "key": self.key, "model": self.module.model.state_dict(), "optimizer": optimizer,
             "step": self.position.step, "record": self.record,
