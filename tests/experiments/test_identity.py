@@ -133,9 +133,14 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     assert ref.pretrain.steps * ref.pretrain.batch_size * ref_stream.seq_len == sum(pretrained.values())
     assert set(pretrained) == {"books", "wiki"} and not set(pretrained) & set(ref_stream.experience_domains)
     # The retrieval-knob stream is the reference stream with episodes in its pretraining splits only.
+    # So is its eight-times dose (every segment, 8 facts against a quarter of them, 4 facts).
     knob = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval.yaml"))
-    assert knob.retrieval.active and knob.retrieval.min_distance > 4 * 127  # beyond the stacked windows
-    assert dataclasses.replace(knob, retrieval=ref_stream.retrieval) == ref_stream
+    knob8 = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_x8.yaml"))
+    for k in (knob, knob8):
+        assert k.retrieval.active and k.retrieval.min_distance > 4 * 127  # beyond the stacked windows
+        assert dataclasses.replace(k, retrieval=ref_stream.retrieval) == ref_stream
+    dose = lambda r: r.fraction * r.facts  # noqa: E731
+    assert dose(knob8.retrieval) == 8 * dose(knob.retrieval) and knob8.retrieval.min_distance == knob.retrieval.min_distance
     # The main job on the shipped base (reference_main) is the reference run without pretraining
     # domains: the base's own settings, the same continual phase, the same domains and adapt budgets.
     main = configs["reference_main"]
