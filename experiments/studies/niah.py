@@ -122,12 +122,13 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
 
 
 # --- the protocol ------------------------------------------------------------------------------------
-def read_iteratively(model, episode, n: int, rule, memory, autocast) -> tuple[bool, int]:
+def read_iteratively(model, episode, n: int, rule, memory, autocast) -> tuple[list[bool], int]:
     """n-iter reading of one episode from memory state `memory`: n − 1 reads of the haystack, each
     with one write over the whole context, then haystack + question with writes off, once per
     needle with that needle's number as the answer (one batch: the memory is the same for all).
-    Returns (exact match, rank of the asked needle's number among the needles' numbers by
-    log-likelihood, 1 = first); raises if any FwPKM layer did not read n times and write n − 1
+    Returns (which answer tokens are the model's top-1, teacher forced: exact match is all of
+    them; rank of the asked needle's number among the needles' numbers by log-likelihood, 1 =
+    first); raises if any FwPKM layer did not read n times and write n − 1
     times."""
     import torch
 
@@ -147,7 +148,7 @@ def read_iteratively(model, episode, n: int, rule, memory, autocast) -> tuple[bo
     for layer in layers:
         if (layer.calls, layer.writes) != (n, n - 1):
             raise AssertionError(f"{layer.name}: {n}-iter read {layer.calls} times and wrote {layer.writes} times")
-    return _exact(logits[episode.asked:episode.asked + 1, :full_length(episode, episode.asked)], episode), \
+    return _answer_hits(logits[episode.asked:episode.asked + 1, :full_length(episode, episode.asked)], episode), \
         _rank(logits, episode)
 
 
@@ -178,8 +179,9 @@ def _rank(logits, episode) -> int:
     return 1 + sum(ll > lls[episode.asked] for ll in lls)
 
 
-def read_in_pass(model, episode, rule, memory, autocast) -> bool:
-    """One read of haystack + question writing every `rule.chunk` tokens (the ordinary mode)."""
+def read_in_pass(model, episode, rule, memory, autocast) -> list[bool]:
+    """One read of haystack + question writing every `rule.chunk` tokens (the ordinary mode);
+    which answer tokens are the model's top-1 (teacher forced)."""
     import torch
 
     full = torch.tensor(episode.haystack + episode.question + episode.answer[:-1])[None]
@@ -188,13 +190,16 @@ def read_in_pass(model, episode, rule, memory, autocast) -> bool:
     model.set_writes(True)
     with torch.no_grad(), autocast:
         logits = model(full)
-    return _exact(logits, episode)
+    return _answer_hits(logits, episode)
 
 
-def _exact(logits, episode) -> bool:
+def _answer_hits(logits, episode) -> list[bool]:
+    """Per answer token, whether it is the top-1 prediction (teacher forced); exact match is all
+    of them. A number is several tokens (" 16" "7" "7"), so exact match is about the product of
+    the per-token rates: the per-token rates say how far a model is from it."""
     k = len(episode.answer)
     pred = logits[0, -k:].argmax(-1).tolist()  # the last question token predicts answer[0], ...
-    return pred == episode.answer
+    return [p == a for p, a in zip(pred, episode.answer)]
 
 
 # --- one model ------------------------------------------------------------------------------------------
@@ -267,6 +272,7 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str)
     cfg = exp.needle_config
     hits: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     hits["in-pass"] = []
+    tokens: dict[str, list[list[int]]] = {k: [] for k in hits}
     ranks: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     asked, distances = [], []
     for i in range(exp.episodes):
@@ -274,16 +280,19 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str)
         asked.append(e.asked)
         distances.append(e.distance())
         for n in exp.iterations:
-            exact, rank = read_iteratively(model, e, n, rule, memory, autocast)
-            hits[f"{n}-iter"].append(int(exact))
+            answer, rank = read_iteratively(model, e, n, rule, memory, autocast)
+            hits[f"{n}-iter"].append(int(all(answer)))
+            tokens[f"{n}-iter"].append([int(a) for a in answer])
             ranks[f"{n}-iter"].append(rank)
-        hits["in-pass"].append(int(read_in_pass(model, e, rule, memory, autocast)))
+        answer = read_in_pass(model, e, rule, memory, autocast)
+        hits["in-pass"].append(int(all(answer)))
+        tokens["in-pass"].append([int(a) for a in answer])
     model.restore_memory(memory)
     by_needle = {k: [statistics.fmean([h for h, a in zip(v, asked) if a == j]) for j in range(cfg.needles)]
                  for k, v in hits.items()}
     # Candidate match: the asked needle's number is the likeliest of the episode's numbers
     # (chance 1 / needles; issue 22), for the n-iter readings, whose final read writes nothing.
-    return {"accuracy": {k: statistics.fmean(v) for k, v in hits.items()}, "hits": hits,
+    return {"accuracy": {k: statistics.fmean(v) for k, v in hits.items()}, "hits": hits, "token_hits": tokens,
             "ranks": ranks, "candidate_match": {k: statistics.fmean(r == 1 for r in v) for k, v in ranks.items()},
             "by_needle": by_needle,
             "distance_by_needle": [statistics.fmean([d for d, a in zip(distances, asked) if a == j])
@@ -408,8 +417,17 @@ def summarise(exp: NeedleExperiment, results: list[dict]) -> dict[str, Any]:
                 k = sum(sum(rank == 1 for rank in r["ranks"][s]) for r in runs)
                 entry["candidate_match"][s] = {"mean": k / (exp.episodes * len(runs)),
                                                "wilson": wilson(k, exp.episodes * len(runs))}
+        if all("token_hits" in r for r in runs):  # members scored before it have none
+            entry["token_accuracy"] = {s: token_accuracy([h for r in runs for h in r["token_hits"][s]])
+                                       for s in runs[0]["token_hits"]}
         out["models"][name] = entry
     return out
+
+
+def token_accuracy(hits: list[list[int]]) -> list[float]:
+    """Top-1 rate of the answer's i-th token over the episodes whose answer has an i-th token."""
+    width = max(map(len, hits))
+    return [statistics.fmean(h[i] for h in hits if len(h) > i) for i in range(width)]
 
 
 def table(exp: NeedleExperiment, summary: dict) -> str:
@@ -432,6 +450,13 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
         cells = [f"{match[s]['mean']:.2f} [{match[s]['wilson'][0]:.2f}, {match[s]['wilson'][1]:.2f}]"
                  if match and s in match else "n/a" for s in settings]
         lines.append(f"{name:>26s}" + "".join(f"{c:>{width}s}" for c in cells))
+    if any("token_accuracy" in entry for entry in summary["models"].values()):
+        lines.append("answer tokens: top-1 rate of the answer's 1st, 2nd, ... token (teacher forced; exact match "
+                     "needs every one)")
+        for name, entry in summary["models"].items():
+            acc = entry.get("token_accuracy")
+            lines.append(f"{name:>26s}  " + ("n/a (scored before token rates)" if acc is None else "   ".join(
+                f"{s} " + " ".join(f"{a:.2f}" for a in acc[s]) for s in settings)))
     first = next(iter(summary["models"].values()))
     lines.append("by asked needle (mean tokens from needle to answer: "
                  + ", ".join(f"{d:.0f}" for d in first["distance_by_needle"]) + "):")

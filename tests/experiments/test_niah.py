@@ -78,6 +78,24 @@ def test_candidate_rank_counts_the_needles_the_model_finds_likelier():
     assert _rank(logits, ep) == 3 and _rank(logits, SimpleNamespace(**{**vars(ep), "asked": 2})) == 1
 
 
+
+def test_answer_hits_are_the_teacher_forced_top1_of_each_answer_token():
+    from types import SimpleNamespace
+
+    from experiments.studies.niah import _answer_hits, token_accuracy
+
+    # Inputs end with the answer but its last token: the last 3 positions predict its 3 tokens.
+    ep = SimpleNamespace(answer=[5, 6, 7])
+    logits = torch.zeros(1, 6, 10)
+    logits[0, 2, 9] = 1.0  # the position before the answer's predictions: not read
+    for i, tok in enumerate([5, 6, 7]):
+        logits[0, 3 + i, tok] = 1.0
+    assert _answer_hits(logits, ep) == [True, True, True]
+    logits[0, 4, 8] = 2.0  # the second token's prediction is wrong
+    assert _answer_hits(logits, ep) == [True, False, True]
+    # Rates by position over episodes of different answer lengths.
+    assert token_accuracy([[1, 0, 1], [1, 1], [0, 1, 1, 1]]) == pytest.approx([2 / 3, 2 / 3, 1.0, 1.0])
+
 def test_the_positive_controls_reach_is_full_attention_on_the_same_weights(tiny_base, model_and_episodes):
     """`model: {window: N}` (N >= the episode) is causal attention over everything, on the base's own
     weights: the same function as `mixer: full` with no windowed training, not the base's window."""
@@ -197,6 +215,11 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
             assert len(hits) == 6 and saved["models"][name][setting]["mean"] == pytest.approx(sum(hits) / 6)
             low, high = saved["models"][name][setting]["wilson"]
             assert 0 <= low <= sum(hits) / 6 <= high <= 1
+            # Exact match is every answer token right; the rates by position are over the episodes.
+            tokens = per["token_hits"][setting]
+            assert [int(all(t)) for t in tokens] == hits and all(len(t) >= 1 for t in tokens)
+            rates = saved["models"][name]["token_accuracy"][setting]
+            assert rates[0] == pytest.approx(sum(t[0] for t in tokens) / 6) and rates[0] >= sum(hits) / 6  # all have a 1st
         for setting in ("1-iter", "2-iter"):  # candidate match: rank 1 of the 2 needles' numbers
             ranks = per["ranks"][setting]
             assert len(ranks) == 6 and set(ranks) <= {1, 2}
