@@ -270,9 +270,9 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str)
     autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     rng = np.random.default_rng(12345)  # the same episodes for every model and seed: paired comparisons
     cfg = exp.needle_config
-    hits: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
-    hits["in-pass"] = []
-    tokens: dict[str, list[list[int]]] = {k: [] for k in hits}
+    # Per reading, per episode: which answer tokens were the top-1 (exact match: all of them).
+    tokens: dict[str, list[list[int]]] = {f"{n}-iter": [] for n in exp.iterations}
+    tokens["in-pass"] = []
     ranks: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     asked, distances = [], []
     for i in range(exp.episodes):
@@ -281,13 +281,11 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str)
         distances.append(e.distance())
         for n in exp.iterations:
             answer, rank = read_iteratively(model, e, n, rule, memory, autocast)
-            hits[f"{n}-iter"].append(int(all(answer)))
             tokens[f"{n}-iter"].append([int(a) for a in answer])
             ranks[f"{n}-iter"].append(rank)
-        answer = read_in_pass(model, e, rule, memory, autocast)
-        hits["in-pass"].append(int(all(answer)))
-        tokens["in-pass"].append([int(a) for a in answer])
+        tokens["in-pass"].append([int(a) for a in read_in_pass(model, e, rule, memory, autocast)])
     model.restore_memory(memory)
+    hits = {k: [int(all(t)) for t in v] for k, v in tokens.items()}
     by_needle = {k: [statistics.fmean([h for h, a in zip(v, asked) if a == j]) for j in range(cfg.needles)]
                  for k, v in hits.items()}
     # Candidate match: the asked needle's number is the likeliest of the episode's numbers

@@ -78,7 +78,6 @@ def test_candidate_rank_counts_the_needles_the_model_finds_likelier():
     assert _rank(logits, ep) == 3 and _rank(logits, SimpleNamespace(**{**vars(ep), "asked": 2})) == 1
 
 
-
 def test_answer_hits_are_the_teacher_forced_top1_of_each_answer_token():
     from types import SimpleNamespace
 
@@ -95,6 +94,7 @@ def test_answer_hits_are_the_teacher_forced_top1_of_each_answer_token():
     assert _answer_hits(logits, ep) == [True, False, True]
     # Rates by position over episodes of different answer lengths.
     assert token_accuracy([[1, 0, 1], [1, 1], [0, 1, 1, 1]]) == pytest.approx([2 / 3, 2 / 3, 1.0, 1.0])
+
 
 def test_the_positive_controls_reach_is_full_attention_on_the_same_weights(tiny_base, model_and_episodes):
     """`model: {window: N}` (N >= the episode) is causal attention over everything, on the base's own
