@@ -19,6 +19,13 @@ the number in the needle.
 question for the needle restated up to its number, as the knob's episodes recall a fact: the task a
 base pretrained with the knob was trained on, on held-out text, where "secret" asks whether the
 skill carries over to a sentence it never saw.
+
+`style: word` is a diagnostic beside them: the knob's facts whose value is a word of a closed set
+(" Zorostbar Rentha's lucky stone is opal.": a colour, town or stone, 8 of each, distinct over the
+episode's needles). A 4-digit number is 3–4 tokens drawn from thousands of values, and exact match
+needs every one (experiments/LOG.md, stop 45); a word is 2–4 tokens too with the shipped
+tokenizer, but its first token names it among its 8 (except " o": ochre, olive, opal), so the
+memory is asked for one choice. A model that knows the closed set is right by chance 1 time in 8.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ from typing import Sequence
 
 import numpy as np
 
+from streams.retrieval import ATTRIBUTES, VALUES, invented_name
+
 NEEDLE = "The secret number for ID-{id} is"
 QUESTION = "What is the secret number for ID-{id}? The secret number for ID-{id} is"
-STYLES = ("secret", "fact")
+STYLES = ("secret", "fact", "word")
+WORD_VALUES = sum(map(len, VALUES.values()))  # distinct answers style "word" can draw
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class NeedleConfig:
     # default keeps every needle more than 200 tokens before the question (beyond a 128-token
     # attention window) for a 1,024-token haystack.
     depths: tuple[float, ...] = (0.05, 0.2, 0.35, 0.5, 0.65)
-    style: str = "secret"  # "secret": the paper's needle; "fact": the retrieval knob's facts (module doc)
+    style: str = "secret"  # "secret": the paper's needle; "fact", "word": the retrieval knob's facts (module doc)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -57,6 +67,9 @@ class NeedleConfig:
         if self.haystack_tokens < 20 * self.needles:
             raise ValueError(f"needles.haystack_tokens ({self.haystack_tokens}) is shorter than its {self.needles} "
                              f"needles (~16 tokens each) need: at least {20 * self.needles}")
+        if self.style == "word" and self.needles > WORD_VALUES:
+            raise ValueError(f"needles.needles ({self.needles}) is more than the {WORD_VALUES} distinct word values "
+                             f"style 'word' has")
 
 
 def check_depths(depths: Sequence[float], where: str) -> None:
@@ -96,9 +109,11 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
     if cfg.style == "secret":
         ids = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
         numbers = [str(int(x)) for x in rng.integers(100000, 1000000, size=cfg.needles)]
-    else:  # ids are the facts' subjects ("Zorostbar Rentha's locker number"), numbers distinct
+    elif cfg.style == "fact":  # ids are the facts' subjects ("Zorostbar Rentha's locker number"), numbers distinct
         ids = fact_subjects(rng, cfg.needles)
         numbers = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
+    else:  # "word": the "numbers" are the facts' word values
+        ids, numbers = word_facts(rng, cfg.needles)
     asked = int(rng.integers(0, cfg.needles)) if asked is None else asked
     if not 0 <= asked < cfg.needles:
         raise ValueError(f"asked needle {asked} does not exist (needles: {cfg.needles})")
@@ -117,7 +132,7 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
         cut_prev = cut
     haystack += text[cut_prev:]
     # The paper's question asks, then restates; a fact is recalled by restating it, as in the knob.
-    asking = " " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], "fact")
+    asking = " " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], cfg.style)
     question = tokenizer.encode(asking)
     candidates = [answer_tokens(tokenizer, number) for number in numbers]
     return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates)
@@ -141,8 +156,6 @@ def needle_tokens(tokenizer, id_: str, number: str, style: str = "secret") -> li
 def fact_subjects(rng: np.random.Generator, n: int) -> list[str]:
     """n distinct "<First> <Last>'s <attribute>" with a numeric attribute, from the retrieval knob's
     syllables and attributes (the same kind of name, new draws)."""
-    from streams.retrieval import ATTRIBUTES, invented_name
-
     numeric = [a for a, kind in ATTRIBUTES if kind == "number"]
     out: list[str] = []
     while len(out) < n:
@@ -150,3 +163,19 @@ def fact_subjects(rng: np.random.Generator, n: int) -> list[str]:
         if subject not in out:
             out.append(subject)
     return out
+
+
+def word_facts(rng: np.random.Generator, n: int) -> tuple[list[str], list[str]]:
+    """n distinct "<First> <Last>'s <attribute>" with a word-valued attribute (a colour, town or
+    stone) and their values, no value twice, so that the candidates differ."""
+    worded = [(a, kind) for a, kind in ATTRIBUTES if kind != "number"]
+    subjects: list[str] = []
+    values: list[str] = []
+    while len(subjects) < n:
+        attribute, kind = worded[int(rng.integers(len(worded)))]
+        subject = f"{invented_name(rng)}'s {attribute}"
+        free = [v for v in VALUES[kind] if v not in values]
+        if free and subject not in subjects:
+            subjects.append(subject)
+            values.append(str(free[int(rng.integers(len(free)))]))
+    return subjects, values

@@ -59,6 +59,28 @@ def test_fact_needles_are_the_retrieval_knobs_sentences_restated_up_to_the_numbe
     assert all(len(i) == 4 and i.isdigit() for i in secret.ids) and "secret number" in tok.decode(secret.haystack)
 
 
+def test_word_needles_ask_a_value_of_a_closed_set(tok):
+    from streams.retrieval import VALUES
+
+    kinds = {"favourite colour": "colour", "home town": "town", "lucky stone": "stone"}
+    cfg = NeedleConfig(haystack_tokens=600, needles=5, style="word")
+    for seed in range(5):
+        ep = make_episode(cfg, tok, SOURCE, np.random.default_rng(seed), asked=seed % 5)
+        assert len(ep.haystack) == 600 and len(set(ep.ids)) == 5 and len(set(ep.numbers)) == 5
+        for (a, b), subject, value in zip(ep.needle_spans, ep.ids, ep.numbers):
+            text = tok.decode(ep.haystack[a:b])
+            m = re.fullmatch(r" [A-Z][a-z]+ [A-Z][a-z]+'s (favourite colour|home town|lucky stone) is (\w+)\.", text)
+            assert m and text == f" {subject} is {value}." and m.group(2) in VALUES[kinds[m.group(1)]], text
+        a, b = ep.needle_spans[seed % 5]
+        assert ep.haystack[a:a + len(ep.question)] == ep.question
+        assert ep.haystack[a + len(ep.question):b - 1] == ep.answer == ep.candidates[seed % 5]
+        assert tok.decode(ep.answer) == " " + ep.numbers[seed % 5]
+    # 24 words in all: more needles than that cannot be told apart
+    NeedleConfig(haystack_tokens=600, needles=24, depths=tuple(i / 24 for i in range(24)), style="word")
+    with pytest.raises(ValueError, match="more than the 24 distinct word values"):
+        NeedleConfig(haystack_tokens=600, needles=25, depths=tuple(i / 25 for i in range(25)), style="word")
+
+
 def test_same_generator_same_episode(tok):
     cfg = NeedleConfig(haystack_tokens=300, needles=2, depths=(0.2, 0.4))
     a = make_episode(cfg, tok, SOURCE, np.random.default_rng(7))
