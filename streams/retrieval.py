@@ -17,6 +17,12 @@ The facts use their own template and names, not the NIAH needles' ("The secret n
 ID-xxxx is"), so that NIAH measures whether the skill carries over to a sentence never trained on;
 NIAH's `needles.style: fact` asks the trained kind of fact instead (new names, held-out text).
 
+`attributes: k` (k ≥ 1) makes each episode draw k of the six attributes and its facts use only
+those, with no value twice in the episode: with k = 1 every fact of an episode has the same
+attribute ("... 's home town is ..."), so only the name tells them apart. With the default (0)
+each fact draws its own attribute, and an attribute alone often identifies a fact: a memory keyed
+by the words just before the value can recall it without the name (experiments/LOG.md, stop 46).
+
 Rule (deterministic from the stream seed and the domain name): rows chosen with
 `numpy.random.default_rng([seed, crc32(domain), 1])`; per row, facts drawn from the same
 generator; a fact's first mention at a random token boundary of the segment's first half, its
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -48,6 +55,7 @@ class RetrievalConfig:
     fraction: float = 0.0  # of each domain's pretraining segments made into episodes
     facts: int = 4  # facts per episode, each said twice
     min_distance: int = 256  # tokens from the end of a fact's first mention to its recall
+    attributes: int = 0  # attributes an episode's facts share (0: each fact draws its own; module doc)
 
     def __post_init__(self) -> None:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 <= self.fraction <= 1:
@@ -56,6 +64,13 @@ class RetrievalConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"retrieval.{name} must be a positive int, got {value!r}")
+        a = self.attributes
+        if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= len(ATTRIBUTES):
+            raise ValueError(f"retrieval.attributes must be an int in [0, {len(ATTRIBUTES)}], got {a!r}")
+        smallest = min(map(len, VALUES.values()))
+        if a and self.facts > smallest:
+            raise ValueError(f"retrieval.facts ({self.facts}) with attributes: an episode's values are distinct, and a "
+                             f"word attribute has {smallest}: at most {smallest} facts")
 
     @property
     def active(self) -> bool:
@@ -69,11 +84,32 @@ def invented_name(rng: np.random.Generator) -> str:
     return f"{first} {last}"
 
 
-def fact_sentence(rng: np.random.Generator) -> str:
+def fact_sentence(rng: np.random.Generator, attributes: Sequence[tuple[str, str]] = ATTRIBUTES,
+                  taken: Sequence[str] = ()) -> tuple[str, str]:
+    """(" Zorostbar Rentha's locker number is 1677.", "1677"): an attribute of `attributes`, a value
+    not in `taken` (drawn again until it is not)."""
     name = invented_name(rng)
-    attribute, kind = ATTRIBUTES[int(rng.integers(len(ATTRIBUTES)))]
-    value = str(int(rng.integers(1000, 10000))) if kind == "number" else str(rng.choice(VALUES[kind]))
-    return f" {name}'s {attribute} is {value}."
+    attribute, kind = attributes[int(rng.integers(len(attributes)))]
+    while True:
+        value = str(int(rng.integers(1000, 10000))) if kind == "number" else str(rng.choice(VALUES[kind]))
+        if value not in taken:
+            return f" {name}'s {attribute} is {value}.", value
+
+
+def episode_facts(rng: np.random.Generator, cfg: RetrievalConfig) -> list[str]:
+    """One episode's `cfg.facts` sentences. With `cfg.attributes`, first draw that many attributes,
+    and keep the episode's values distinct; without, each fact is drawn alone (as before the field
+    existed: the same draws, so the knob bases' pretraining tokens are unchanged)."""
+    if not cfg.attributes:
+        return [fact_sentence(rng)[0] for _ in range(cfg.facts)]
+    chosen = [ATTRIBUTES[i] for i in rng.choice(len(ATTRIBUTES), size=cfg.attributes, replace=False)]
+    sentences: list[str] = []
+    values: list[str] = []
+    for _ in range(cfg.facts):
+        sentence, value = fact_sentence(rng, chosen, values)
+        sentences.append(sentence)
+        values.append(value)
+    return sentences
 
 
 def insert_episodes(tokens: np.ndarray, doc_index: np.ndarray, cfg: RetrievalConfig, tokenizer, seed: int,
@@ -89,7 +125,7 @@ def insert_episodes(tokens: np.ndarray, doc_index: np.ndarray, cfg: RetrievalCon
     tokens, doc_index = tokens.copy(), doc_index.copy()
     half = width // 2
     for row in rows:
-        facts = [tokenizer.encode(fact_sentence(rng)) for _ in range(cfg.facts)]
+        facts = [tokenizer.encode(sentence) for sentence in episode_facts(rng, cfg)]
         span = sum(map(len, facts))
         if half + cfg.min_distance + 2 * span > width:
             raise ValueError(f"retrieval: {cfg.facts} facts ({span} tokens) with min_distance {cfg.min_distance} do not fit "

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cl_platform.check import ConfigError
-from streams.retrieval import RetrievalConfig, fact_sentence, insert_episodes
+from streams.retrieval import ATTRIBUTES, RetrievalConfig, episode_facts, fact_sentence, insert_episodes
 from streams.stream import load_domains, load_stream_config
 from streams.tokenizer import load_tokenizer
 
@@ -35,7 +35,7 @@ def test_each_fact_is_said_twice_the_recall_beyond_the_distance_and_the_rest_is_
     g = np.random.default_rng([0, zlib.crc32(b"books"), 1])
     assert np.array_equal(np.sort(g.choice(S, size=2, replace=False)), rows)
     for row in rows:
-        facts = [tok.encode(fact_sentence(g)) for _ in range(cfg.facts)]
+        facts = [tok.encode(fact_sentence(g)[0]) for _ in range(cfg.facts)]
         span = sum(map(len, facts))
         firsts = np.sort(g.integers(1, width // 2 - span, size=cfg.facts))  # the draws of the rule, in order
         g.permutation(cfg.facts)
@@ -65,6 +65,36 @@ def test_episodes_are_deterministic_and_differ_by_domain():
     assert not np.array_equal(a[0], c[0])
     none = insert_episodes(tokens, docs, RetrievalConfig(), tok, 0, "books")
     assert none[0] is tokens and len(none[2]) == 0
+
+
+def test_shared_attributes_leave_only_the_name_to_tell_facts_apart():
+    import re
+
+    pattern = re.compile(r" ([A-Z][a-z]+ [A-Z][a-z]+)'s ([a-z ]+) is (\w+)\.")
+    for k in (1, 2):
+        cfg = RetrievalConfig(fraction=0.5, facts=8, attributes=k)
+        rng = np.random.default_rng(k)
+        for _ in range(50):
+            facts = [pattern.fullmatch(f).groups() for f in episode_facts(rng, cfg)]
+            assert len({a for _, a, _ in facts}) <= k and {a for _, a, _ in facts} <= {a for a, _ in ATTRIBUTES}
+            assert len({v for _, _, v in facts}) == 8  # no value twice: the name is the key
+    # over episodes every attribute comes up, and with the default the facts of one episode mix them
+    drawn = {pattern.fullmatch(f).group(2) for f in episode_facts(np.random.default_rng(0), RetrievalConfig(facts=8))}
+    assert len(drawn) > 1
+    # the default draws what it drew before the field existed: one fact_sentence per fact
+    g, h = np.random.default_rng(9), np.random.default_rng(9)
+    assert episode_facts(g, RetrievalConfig(facts=5)) == [fact_sentence(h)[0] for _ in range(5)]
+    assert g.integers(1 << 30) == h.integers(1 << 30)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"attributes": 7}, "retrieval.attributes must be an int in \\[0, 6\\]"),
+    ({"attributes": -1}, "retrieval.attributes must be an int"),
+    ({"attributes": 1, "facts": 9}, "retrieval.facts \\(9\\) with attributes"),
+])
+def test_bad_attributes_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        RetrievalConfig(**fields)
 
 
 def test_too_many_facts_for_the_segment_are_refused():
