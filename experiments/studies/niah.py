@@ -258,25 +258,39 @@ def finetune(model, exp: NeedleExperiment, rule, source, tokenizer, seed: int, p
     return float(module.last_losses["lm"])
 
 
-def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str) -> dict[str, Any]:
-    """Exact match per setting (n-iter for each n, and in-pass), overall and by asked needle."""
+def episodes(exp: NeedleExperiment, source, tokenizer):
+    """The scored episodes: the same for every model and seed (paired comparisons), each needle
+    asked equally often."""
     import numpy as np
-    import torch
 
     from streams.needles import make_episode
+
+    rng = np.random.default_rng(12345)
+    for i in range(exp.episodes):
+        yield make_episode(exp.needle_config, tokenizer, source, rng, asked=i % exp.needle_config.needles)
+
+
+def attribute_shared(exp: NeedleExperiment, setup) -> list[bool]:
+    """Per scored episode, whether another needle has the asked one's attribute (Episode.
+    attribute_shared), recomputed from the episodes, so members scored earlier get it too."""
+    data = setup.scenario.domains[exp.haystack_domain]
+    return [e.attribute_shared() for e in episodes(exp, _tokens(data.splits["eval"]), setup.scenario.tokenizer)]
+
+
+def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str) -> dict[str, Any]:
+    """Exact match per setting (n-iter for each n, and in-pass), overall and by asked needle."""
+    import torch
 
     model.eval()
     memory = model.snapshot_memory()
     autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
-    rng = np.random.default_rng(12345)  # the same episodes for every model and seed: paired comparisons
     cfg = exp.needle_config
     # Per reading, per episode: which answer tokens were the top-1 (exact match: all of them).
     tokens: dict[str, list[list[int]]] = {f"{n}-iter": [] for n in exp.iterations}
     tokens["in-pass"] = []
     ranks: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     asked, distances = [], []
-    for i in range(exp.episodes):
-        e = make_episode(cfg, tokenizer, source, rng, asked=i % cfg.needles)
+    for e in episodes(exp, source, tokenizer):
         asked.append(e.asked)
         distances.append(e.distance())
         for n in exp.iterations:
@@ -370,11 +384,22 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, mid - half), min(1.0, mid + half))
 
 
+def member_key(family: Family, variant: str, setup) -> dict[str, Any]:
+    """What a member's result depends on beyond its spec: its variant's definition in the family
+    and the base it reads."""
+    from experiments.setup import base_key
+
+    return {"variant_config": family.variants[variant], "base_key": base_key(setup)}
+
+
 def study_identity(exp: NeedleExperiment, family: Family) -> dict[str, Any]:
     """What a result folder is keyed by: the experiment's settings (not its model list, seeds or
-    runs root: members are cached one per file) and the family's settings, not its file's text."""
+    runs root: members are cached one per file) and the family's base run config, not its file's
+    text. Not the family's variants: each member records its variant's definition and base key
+    and is reused only for the same ones, so a variant added to the family leaves the others'
+    results where they are (as `clp eval` and `clp repeat` key their folders)."""
     identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("models", "seeds", "runs_root", "family")}
-    identity["family"] = family.identity()
+    identity["family"] = family.identity()["base"]
     return identity
 
 
@@ -382,13 +407,16 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
     family = needle_family(exp)
     folder = study_folder(family.resolved_runs_root(), "niah", study_identity(exp, family))
     setups = check_models(exp)  # every name checked, the stream loaded once
-    # A member is reused only for the same model spec (variant, fine-tuning, write rule) and, if
-    # fine-tuned, the same episode memory.
-    results = [cached(folder, name, seed, lambda: evaluate(exp, name, seed, say, setups),
+    keys = {variant: member_key(family, variant, setup) for variant, setup in setups.items()}
+    # A member is reused only for the same model spec (variant, fine-tuning, write rule), the same
+    # variant definition and base, and, if fine-tuned, the same episode memory.
+    results = [cached(folder, name, seed, lambda: {**evaluate(exp, name, seed, say, setups), **keys[spec["variant"]]},
                       fresh=lambda r: r.get("spec") == spec
+                      and all(r.get(k) == v for k, v in keys[spec["variant"]].items())
                       and (not spec.get("finetune") or r.get("finetune_memory") == FINETUNE_MEMORY))
                for name, spec in exp.models.items() for seed in (exp.seeds if spec.get("finetune") else exp.seeds[:1])]
-    summary = summarise(exp, results)
+    shared = {variant: attribute_shared(exp, setup) for variant, setup in setups.items()}
+    summary = summarise(exp, results, {name: shared[spec["variant"]] for name, spec in exp.models.items()})
     text = table(exp, summary)
     write_results(folder, summary, text)
     say(text)
@@ -396,7 +424,11 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
     return folder, summary
 
 
-def summarise(exp: NeedleExperiment, results: list[dict]) -> dict[str, Any]:
+def summarise(exp: NeedleExperiment, results: list[dict], shared: dict[str, list[bool]] | None = None) -> dict[str, Any]:
+    """Per model: exact match per reading (mean over seeds, Wilson over every episode), by asked
+    needle, candidate match, answer-token rates, and with `shared` (per model, per episode: another
+    needle has the asked one's attribute) exact match on the episodes where the attribute is
+    unique and where it is shared."""
     out: dict[str, Any] = {"episodes": exp.episodes, "models": {}}
     for name in exp.models:
         runs = [r for r in results if r["model"] == name]
@@ -418,8 +450,18 @@ def summarise(exp: NeedleExperiment, results: list[dict]) -> dict[str, Any]:
         if all("token_hits" in r for r in runs):  # members scored before it have none
             entry["token_accuracy"] = {s: token_accuracy([h for r in runs for h in r["token_hits"][s]])
                                        for s in runs[0]["token_hits"]}
+        if shared is not None:
+            flags = shared[name]
+            entry["by_attribute"] = {s: {kind: by_flag([r["hits"][s] for r in runs], flags, kind == "shared")
+                                         for kind in ("unique", "shared")} for s in settings}
         out["models"][name] = entry
     return out
+
+
+def by_flag(hits: list[list[int]], flags: list[bool], value: bool) -> dict[str, Any]:
+    """Exact match over the episodes whose flag is `value`, pooled over the runs (None without any)."""
+    picked = [h for run in hits for h, f in zip(run, flags) if f == value]
+    return {"mean": statistics.fmean(picked) if picked else None, "episodes": sum(f == value for f in flags)}
 
 
 def token_accuracy(hits: list[list[int]]) -> list[float]:
@@ -456,6 +498,16 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
             lines.append(f"{name:>26s}  " + ("n/a (scored before token rates)" if acc is None else "   ".join(
                 f"{s} " + " ".join(f"{a:.2f}" for a in acc[s]) for s in settings)))
     first = next(iter(summary["models"].values()))
+    if "by_attribute" in first:
+        counts = first["by_attribute"][settings[0]]
+        lines.append(f"by the asked needle's attribute: unique among the needles ({counts['unique']['episodes']} "
+                     f"episodes) / shared with another ({counts['shared']['episodes']}; only the name or ID tells them "
+                     f"apart)")
+        for name, entry in summary["models"].items():
+            cells = ["/".join("n/a" if c["mean"] is None else f"{c['mean']:.2f}"
+                              for c in (entry["by_attribute"][s]["unique"], entry["by_attribute"][s]["shared"]))
+                     for s in settings]
+            lines.append(f"{name:>26s}  " + "   ".join(f"{s} {c}" for s, c in zip(settings, cells)))
     lines.append("by asked needle (mean tokens from needle to answer: "
                  + ", ".join(f"{d:.0f}" for d in first["distance_by_needle"]) + "):")
     for name, entry in summary["models"].items():

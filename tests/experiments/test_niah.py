@@ -96,6 +96,16 @@ def test_answer_hits_are_the_teacher_forced_top1_of_each_answer_token():
     assert token_accuracy([[1, 0, 1], [1, 1], [0, 1, 1, 1]]) == pytest.approx([2 / 3, 2 / 3, 1.0, 1.0])
 
 
+def test_hits_split_by_whether_the_asked_attribute_is_shared():
+    from experiments.studies.niah import by_flag
+
+    hits = [[1, 0, 1, 1], [0, 0, 1, 0]]  # two runs (seeds) of 4 episodes
+    flags = [True, False, True, False]
+    assert by_flag(hits, flags, True) == {"mean": 3 / 4, "episodes": 2}
+    assert by_flag(hits, flags, False) == {"mean": 1 / 4, "episodes": 2}
+    assert by_flag(hits, [True] * 4, False) == {"mean": None, "episodes": 0}
+
+
 def test_the_positive_controls_reach_is_full_attention_on_the_same_weights(tiny_base, model_and_episodes):
     """`model: {window: N}` (N >= the episode) is causal attention over everything, on the base's own
     weights: the same function as `mixer: full` with no windowed training, not the base's window."""
@@ -220,6 +230,10 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
             assert [int(all(t)) for t in tokens] == hits and all(len(t) >= 1 for t in tokens)
             rates = saved["models"][name]["token_accuracy"][setting]
             assert rates[0] == pytest.approx(sum(t[0] for t in tokens) / 6) and rates[0] >= sum(hits) / 6  # all have a 1st
+            # Every secret needle has the same attribute: no episode with a unique one.
+            split = saved["models"][name]["by_attribute"][setting]
+            assert split["unique"] == {"mean": None, "episodes": 0}
+            assert split["shared"] == {"mean": pytest.approx(sum(hits) / 6), "episodes": 6}
         for setting in ("1-iter", "2-iter"):  # candidate match: rank 1 of the 2 needles' numbers
             ranks = per["ranks"][setting]
             assert len(ranks) == 6 and set(ranks) <= {1, 2}
@@ -236,6 +250,19 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
     third = []
     run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=third.append)
     assert [s.split(":")[0] for s in third if "scoring" in s] == ["attention, seed 0"]
+    # A variant added to the family moves no result; a variant defined anew (the same base here)
+    # is scored again, the others not.
+    path = family_files(tiny, tmp_path, runs_root=str(tiny.runs))
+    fam = yaml.safe_load((tmp_path / "family.yaml").read_text())
+    fam["variants"]["wide"] = {"mlp_ratio": 8.0}
+    (tmp_path / "family.yaml").write_text(yaml.safe_dump(fam), encoding="utf-8")
+    fourth = []
+    assert run(load(path), say=fourth.append)[0] == folder and not any("scoring" in s for s in fourth)
+    fam["variants"]["fwpkm"] = {"fwpkm_layers": [1]}  # what it was by default
+    (tmp_path / "family.yaml").write_text(yaml.safe_dump(fam), encoding="utf-8")
+    fifth = []
+    assert run(load(path), say=fifth.append)[0] == folder
+    assert [s.split(":")[0] for s in fifth if "scoring" in s] == ["fwpkm-zero-shot, seed 0"]
 
 
 def test_model_subset(tiny, tmp_path):
