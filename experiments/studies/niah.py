@@ -5,6 +5,7 @@ family's language-model bases, zero-shot and after a brief fine-tune on needle e
     clp niah experiments/configs/niah.yaml --seeds 0,1,2  # fine-tuning seeds
     clp niah experiments/configs/niah.yaml --models fwpkm,fwpkm-no-lookahead   # a subset (results are shared)
     clp niah experiments/configs/niah.yaml --base-seeds 0,1,2   # every base seed, t-intervals over the bases
+    clp niah experiments/configs/niah.yaml reference=fwpkm      # every other model minus this one, paired
 
 An episode (`streams/needles.py`): a window of real text with 5 needles "The secret number for
 ID-xxxx is dddddd.", then a question about one; exact match of the number's tokens (teacher
@@ -78,6 +79,10 @@ class NeedleExperiment:
     finetune_lr: float = 1e-3
     base_seed: int = 0  # which of the family's bases
     seeds: list[int] = field(default_factory=lambda: [0])  # fine-tuning seeds (zero-shot models: the first only)
+    # A model the others are compared with, episode by episode (`reference=NAME` on the command
+    # line): every reading's exact-match difference with a paired bootstrap over the episodes (and,
+    # over base seeds, the t-interval of the bases' differences). Printing only: not in the key.
+    reference: str | None = None
     runs_root: str | None = None
 
     def __post_init__(self) -> None:
@@ -110,6 +115,8 @@ class NeedleExperiment:
         check(is_number(self.finetune_lr, 0, strict=True), self, "finetune_lr", "must be a number > 0")
         check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
               self, "seeds", "must be a non-empty list of distinct ints")
+        check(self.reference is None or self.reference in self.models, self, "reference",
+              f"{self.reference!r} is not among the models ({list(self.models)}; with --models, name it there too)")
 
 
 def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | None = None,
@@ -270,11 +277,19 @@ def episodes(exp: NeedleExperiment, source, tokenizer):
         yield make_episode(exp.needle_config, tokenizer, source, rng, asked=i % exp.needle_config.needles)
 
 
-def attribute_shared(exp: NeedleExperiment, setup) -> list[bool]:
-    """Per scored episode, whether another needle has the asked one's attribute (Episode.
-    attribute_shared), recomputed from the episodes, so members scored earlier get it too."""
+def episode_facts(exp: NeedleExperiment, setup) -> tuple[list[bool], str]:
+    """For a variant's scored episodes: per episode, whether another needle has the asked one's
+    attribute (Episode.attribute_shared; recomputed, so members scored earlier get it too), and a
+    hash of their tokens, which two models must share to be compared episode by episode."""
+    import hashlib
+
     data = setup.scenario.domains[exp.haystack_domain]
-    return [e.attribute_shared() for e in episodes(exp, _tokens(data.splits["eval"]), setup.scenario.tokenizer)]
+    digest = hashlib.sha1()
+    shared = []
+    for e in episodes(exp, _tokens(data.splits["eval"]), setup.scenario.tokenizer):
+        shared.append(e.attribute_shared())
+        digest.update(repr((e.haystack, e.question, e.answer)).encode())
+    return shared, digest.hexdigest()
 
 
 def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str) -> dict[str, Any]:
@@ -398,7 +413,8 @@ def study_identity(exp: NeedleExperiment, family: Family) -> dict[str, Any]:
     text. Not the family's variants: each member records its variant's definition and base key
     and is reused only for the same ones, so a variant added to the family leaves the others'
     results where they are (as `clp eval` and `clp repeat` key their folders)."""
-    identity = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("models", "seeds", "runs_root", "family")}
+    identity = {k: v for k, v in dataclasses.asdict(exp).items()
+                if k not in ("models", "seeds", "runs_root", "family", "reference")}
     identity["family"] = family.identity()["base"]
     return identity
 
@@ -408,6 +424,12 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
     folder = study_folder(family.resolved_runs_root(), "niah", study_identity(exp, family))
     setups = check_models(exp)  # every name checked, the stream loaded once
     keys = {variant: member_key(family, variant, setup) for variant, setup in setups.items()}
+    facts = {variant: episode_facts(exp, setup) for variant, setup in setups.items()}
+    if exp.reference is not None:
+        ref = exp.models[exp.reference]["variant"]
+        other = [name for name, spec in exp.models.items() if facts[spec["variant"]][1] != facts[ref][1]]
+        check(not other, exp, "reference", f"models {other} read other episodes than {exp.reference!r} "
+              f"(their variants' {exp.haystack_domain} eval split or tokenizer differ): no paired comparison")
     # A member is reused only for the same model spec (variant, fine-tuning, write rule), the same
     # variant definition and base, and, if fine-tuned, the same episode memory.
     results = [cached(folder, name, seed, lambda: {**evaluate(exp, name, seed, say, setups), **keys[spec["variant"]]},
@@ -415,8 +437,7 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
                       and all(r.get(k) == v for k, v in keys[spec["variant"]].items())
                       and (not spec.get("finetune") or r.get("finetune_memory") == FINETUNE_MEMORY))
                for name, spec in exp.models.items() for seed in (exp.seeds if spec.get("finetune") else exp.seeds[:1])]
-    shared = {variant: attribute_shared(exp, setup) for variant, setup in setups.items()}
-    summary = summarise(exp, results, {name: shared[spec["variant"]] for name, spec in exp.models.items()})
+    summary = summarise(exp, results, {name: facts[spec["variant"]][0] for name, spec in exp.models.items()})
     text = table(exp, summary)
     write_results(folder, summary, text)
     say(text)
@@ -455,7 +476,32 @@ def summarise(exp: NeedleExperiment, results: list[dict], shared: dict[str, list
             entry["by_attribute"] = {s: {kind: by_flag([r["hits"][s] for r in runs], flags, kind == "shared")
                                          for kind in ("unique", "shared")} for s in settings}
         out["models"][name] = entry
+    if exp.reference is not None:
+        ref = [r for r in results if r["model"] == exp.reference]
+        for name, entry in out["models"].items():
+            if name != exp.reference:
+                runs = [r for r in results if r["model"] == name]
+                entry["paired"] = {s: paired_episodes([r["hits"][s] for r in ref], [r["hits"][s] for r in runs])
+                                   for s in runs[0]["hits"]}
     return out
+
+
+def paired_episodes(reference: list[list[int]], other: list[list[int]], samples: int = 2000, seed: int = 0,
+                    level: float = 0.95) -> dict[str, float]:
+    """Exact match of `other` minus `reference` on the same episodes (each side's runs averaged per
+    episode first), with a percentile interval over episodes drawn with replacement, the same draw
+    for both sides: within one base, over its episodes only."""
+    import numpy as np
+
+    a, b = np.asarray(reference, dtype=np.float64).mean(0), np.asarray(other, dtype=np.float64).mean(0)
+    if a.shape != b.shape:
+        raise ValueError(f"paired_episodes: {a.size} reference episodes against {b.size}")
+    diff = b - a
+    picks = np.random.default_rng(seed).integers(0, diff.size, (samples, diff.size))
+    draws = diff[picks].mean(1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(draws, [tail, 1 - tail])
+    return {"value": float(diff.mean()), "low": float(low), "high": float(high)}
 
 
 def by_flag(hits: list[list[int]], flags: list[bool], value: bool) -> dict[str, Any]:
@@ -497,6 +543,14 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
             acc = entry.get("token_accuracy")
             lines.append(f"{name:>26s}  " + ("n/a (scored before token rates)" if acc is None else "   ".join(
                 f"{s} " + " ".join(f"{a:.2f}" for a in acc[s]) for s in settings)))
+    if exp.reference is not None:
+        lines.append(f"paired against {exp.reference}: exact match difference, the same episodes [95 % paired "
+                     f"bootstrap over the episodes, within this base]")
+        for name, entry in summary["models"].items():
+            if "paired" in entry:
+                cells = [f"{entry['paired'][s]['value']:+.2f} [{entry['paired'][s]['low']:+.2f}, "
+                         f"{entry['paired'][s]['high']:+.2f}]" for s in settings]
+                lines.append(f"{name:>26s}" + "".join(f"{c:>{width}s}" for c in cells))
     first = next(iter(summary["models"].values()))
     if "by_attribute" in first:
         counts = first["by_attribute"][settings[0]]
@@ -533,7 +587,7 @@ def run_over_bases(exp: NeedleExperiment, base_seeds: list[int],
     for member in members:
         say(f"--- base seed {member.base_seed}")
         per_base[member.base_seed] = run(member, say)[1]
-    summary = over_bases(per_base)
+    summary = over_bases(per_base, exp.reference)
     family = needle_family(exp)
     identity = {k: v for k, v in study_identity(exp, family).items() if k != "base_seed"}
     identity.update(base_seeds=base_seeds, models=sorted(exp.models))
@@ -546,9 +600,10 @@ def run_over_bases(exp: NeedleExperiment, base_seeds: list[int],
     return folder, summary
 
 
-def over_bases(per_base: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def over_bases(per_base: dict[int, dict[str, Any]], reference: str | None = None) -> dict[str, Any]:
     """{"base_seeds", "models": {name: {"exact": {setting: mean_std}, "candidate": {...}}}} from
-    each base's `summarise` output (a base's value: its mean over fine-tuning seeds)."""
+    each base's `summarise` output (a base's value: its mean over fine-tuning seeds); with a
+    `reference` model, every other model's "paired": the bases' differences to it (mean_std)."""
     from analysis.aggregate import mean_std
 
     seeds = list(per_base)
@@ -560,6 +615,10 @@ def over_bases(per_base: dict[int, dict[str, Any]]) -> dict[str, Any]:
         if all("candidate_match" in per_base[b]["models"][name] for b in seeds):
             row["candidate"] = {s: mean_std([per_base[b]["models"][name]["candidate_match"][s]["mean"] for b in seeds])
                                 for s in entry["candidate_match"]}
+        if reference is not None and name != reference:
+            row["paired"] = {s: mean_std([per_base[b]["models"][name][s]["mean"]
+                                          - per_base[b]["models"][reference][s]["mean"] for b in seeds])
+                             for s in settings}
         out["models"][name] = row
     return out
 
@@ -578,9 +637,12 @@ def bases_table(exp: NeedleExperiment, summary: dict[str, Any]) -> str:
 
     lines = [f"needle in a haystack over base seeds {seeds}: mean [95 % t-interval over the bases] "
              f"(each base's value, in seed order); {exp.episodes} episodes a base"]
-    for what, label in (("exact", "exact match"),
-                        ("candidate", f"candidate match (chance {1 / exp.needle_config.needles:.2f})")):
-        cells = {name: [cell((row.get(what) or {}).get(s)) for s in settings] for name, row in summary["models"].items()}
+    blocks = [("exact", "exact match"), ("candidate", f"candidate match (chance {1 / exp.needle_config.needles:.2f})")]
+    if exp.reference is not None:
+        blocks.append(("paired", f"exact match − {exp.reference}"))
+    for what, label in blocks:
+        cells = {name: [cell((row.get(what) or {}).get(s)) for s in settings] for name, row in summary["models"].items()
+                 if what in row}
         width = 2 + max(len(c) for c in [*settings, *(c for row in cells.values() for c in row)])
         lines.append(f"{label:>30s}" + "".join(f"{s:>{width}s}" for s in settings))
         lines += [f"{name:>30s}" + "".join(f"{c:>{width}s}" for c in row) for name, row in cells.items()]

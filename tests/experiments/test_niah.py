@@ -263,6 +263,18 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
     fifth = []
     assert run(load(path), say=fifth.append)[0] == folder
     assert [s.split(":")[0] for s in fifth if "scoring" in s] == ["fwpkm-zero-shot, seed 0"]
+    # Paired against a reference model: the same episodes, nothing scored again, the folder unmoved.
+    sixth = []
+    folder2, summary = run(load(path, overrides=["reference=attention"]), say=sixth.append)
+    assert folder2 == folder and not any("scoring" in s for s in sixth)
+    ref = json.loads((folder / "attention-seed0.json").read_text())["hits"]
+    other = json.loads((folder / "fwpkm-zero-shot-seed0.json").read_text())["hits"]
+    for setting in ("1-iter", "2-iter", "in-pass"):
+        paired = summary["models"]["fwpkm-zero-shot"]["paired"][setting]
+        assert paired["value"] == pytest.approx((sum(other[setting]) - sum(ref[setting])) / 6)
+        assert paired["low"] <= paired["value"] <= paired["high"]
+    assert "paired" not in summary["models"]["attention"]
+    assert any("paired against attention" in s for s in sixth)
 
 
 def test_model_subset(tiny, tmp_path):
@@ -270,6 +282,26 @@ def test_model_subset(tiny, tmp_path):
     assert list(load(path, models=["attention"]).models) == ["attention"]
     with pytest.raises(ConfigError, match="--models \\['mamba'\\] not among"):
         load(path, models=["mamba"])
+    with pytest.raises(ConfigError, match="reference='fwpkm-zero-shot': .* not among the models"):
+        load(path, models=["attention"], overrides=["reference=fwpkm-zero-shot"])
+
+
+def test_paired_episodes_averages_each_sides_runs_and_resamples_the_episodes():
+    from experiments.studies.niah import paired_episodes
+
+    assert paired_episodes([[1, 0, 1, 0]], [[1, 1, 1, 0]])["value"] == pytest.approx(0.25)
+    # Two runs of the other model: per episode 1, .5, 0, 0 against 0 -> 0.375.
+    assert paired_episodes([[0, 0, 0, 0]], [[1, 1, 0, 0], [1, 0, 0, 0]])["value"] == pytest.approx(0.375)
+    same = paired_episodes([[1, 0, 1, 1]], [[1, 0, 1, 1]])
+    assert same == {"value": 0.0, "low": 0.0, "high": 0.0}
+    assert paired_episodes([[0] * 5], [[1] * 5]) == {"value": 1.0, "low": 1.0, "high": 1.0}
+    # 50 of 200 episodes won, none lost: p = 0.25, the normal approximation's 95 % half-width
+    # 1.96 * sqrt(.25 * .75 / 200) = 0.060.
+    wide = paired_episodes([[0] * 200], [[1] * 50 + [0] * 150])
+    assert wide["value"] == pytest.approx(0.25)
+    assert wide["low"] == pytest.approx(0.19, abs=0.02) and wide["high"] == pytest.approx(0.31, abs=0.02)
+    with pytest.raises(ValueError, match="4 reference episodes against 3"):
+        paired_episodes([[1, 0, 1, 0]], [[1, 1, 1]])
 
 
 def test_over_base_seeds_is_each_bases_run_and_the_t_interval_over_them(tiny, tmp_path):
@@ -314,3 +346,13 @@ def test_over_bases_is_the_student_t_interval_of_the_bases_values():
     assert stat["mean"] == pytest.approx(0.09) and stat["t95"] == pytest.approx([0.02428, 0.15572], abs=1e-4)
     assert out["models"]["m"]["candidate"]["1-iter"]["t95"] == pytest.approx([0.0924, 0.4676], abs=1e-3)
     assert out["models"]["m"]["exact"]["1-iter"]["t95"] == [0.0, 0.0] and out["base_seeds"] == [0, 1, 2]
+
+    def two(in_pass_m, in_pass_r):
+        return {"models": {"r": {"in-pass": {"mean": in_pass_r}}, "m": {"in-pass": {"mean": in_pass_m}}}}
+
+    # Paired over the bases: the t-interval of the three differences 0.10, 0.05, 0.12 (by hand:
+    # mean 0.09, sd 0.03606, half 4.3027 · 0.03606 / √3 = 0.08957).
+    out = over_bases({0: two(0.50, 0.40), 1: two(0.45, 0.40), 2: two(0.47, 0.35)}, reference="r")
+    assert out["models"]["m"]["paired"]["in-pass"]["values"] == pytest.approx([0.10, 0.05, 0.12])
+    assert out["models"]["m"]["paired"]["in-pass"]["t95"] == pytest.approx([0.00043, 0.17957], abs=1e-4)
+    assert "paired" not in out["models"]["r"]
