@@ -475,14 +475,11 @@ def summarise(exp: NeedleExperiment, results: list[dict], shared: dict[str, list
             flags = shared[name]
             entry["by_attribute"] = {s: {kind: by_flag([r["hits"][s] for r in runs], flags, kind == "shared")
                                          for kind in ("unique", "shared")} for s in settings}
+        if exp.reference not in (None, name):
+            ref = [r for r in results if r["model"] == exp.reference]
+            entry["paired"] = {s: paired_episodes([r["hits"][s] for r in ref], [r["hits"][s] for r in runs])
+                               for s in settings}
         out["models"][name] = entry
-    if exp.reference is not None:
-        ref = [r for r in results if r["model"] == exp.reference]
-        for name, entry in out["models"].items():
-            if name != exp.reference:
-                runs = [r for r in results if r["model"] == name]
-                entry["paired"] = {s: paired_episodes([r["hits"][s] for r in ref], [r["hits"][s] for r in runs])
-                                   for s in runs[0]["hits"]}
     return out
 
 
@@ -493,15 +490,14 @@ def paired_episodes(reference: list[list[int]], other: list[list[int]], samples:
     for both sides: within one base, over its episodes only."""
     import numpy as np
 
+    from analysis.positions import paired_difference
+
     a, b = np.asarray(reference, dtype=np.float64).mean(0), np.asarray(other, dtype=np.float64).mean(0)
     if a.shape != b.shape:
         raise ValueError(f"paired_episodes: {a.size} reference episodes against {b.size}")
-    diff = b - a
-    picks = np.random.default_rng(seed).integers(0, diff.size, (samples, diff.size))
-    draws = diff[picks].mean(1)
-    tail = (1 - level) / 2
-    low, high = np.quantile(draws, [tail, 1 - tail])
-    return {"value": float(diff.mean()), "low": float(low), "high": float(high)}
+    ones = np.ones((a.size, 1))  # each episode one "document" of one scored answer
+    d = paired_difference(a[:, None], ones, b[:, None], ones, samples=samples, seed=seed, level=level)[0]
+    return {k: d[k] for k in ("value", "low", "high")}
 
 
 def by_flag(hits: list[list[int]], flags: list[bool], value: bool) -> dict[str, Any]:
