@@ -26,6 +26,11 @@ episode's needles). A 4-digit number is 3–4 tokens drawn from thousands of val
 needs every one (experiments/LOG.md, stop 45); a word is 2–4 tokens too with the shipped
 tokenizer, but its first token names it among its 8 (except " o": ochre, olive, opal), so the
 memory is asked for one choice. A model that knows the closed set is right by chance 1 time in 8.
+
+`form: name_last` says the fact and word needles as the knob's `form: name_last` says its facts
+(" The lucky stone of Zorostbar Rentha is opal.": the name right before the value), with the same
+draws; the question restates the needle up to its value, as before. The secret needle already
+has its ID right before "is", and refuses the field.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from streams.retrieval import ATTRIBUTES, VALUES, invented_name
+from streams.retrieval import ATTRIBUTES, FORMS, VALUES, invented_name, subject
 
 NEEDLE = "The secret number for ID-{id} is"
 QUESTION = "What is the secret number for ID-{id}? The secret number for ID-{id} is"
@@ -52,10 +57,16 @@ class NeedleConfig:
     # attention window) for a 1,024-token haystack.
     depths: tuple[float, ...] = (0.05, 0.2, 0.35, 0.5, 0.65)
     style: str = "secret"  # "secret": the paper's needle; "fact", "word": the retrieval knob's facts (module doc)
+    form: str = "name_first"  # fact and word needles: the name first or right before the value (module doc)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
             raise ValueError(f"needles.style must be one of {list(STYLES)}, got {self.style!r}")
+        if self.form not in FORMS:
+            raise ValueError(f"needles.form must be one of {list(FORMS)}, got {self.form!r}")
+        if self.style == "secret" and self.form != "name_first":
+            raise ValueError("needles.form applies to styles 'fact' and 'word'; the secret needle has its ID right "
+                             "before 'is' already")
         for name in ("haystack_tokens", "needles"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,7 +137,7 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
     asked = int(rng.integers(0, cfg.needles)) if asked is None else asked
     if not 0 <= asked < cfg.needles:
         raise ValueError(f"asked needle {asked} does not exist (needles: {cfg.needles})")
-    needles = [needle_tokens(tokenizer, id_, number, cfg.style) for id_, number in zip(ids, numbers)]
+    needles = [needle_tokens(tokenizer, id_, number, cfg.style, cfg.form) for id_, number in zip(ids, numbers)]
     n = cfg.haystack_tokens - sum(map(len, needles))  # corpus tokens, so the haystack is haystack_tokens long
     start = int(rng.integers(0, len(source) - n + 1))
     text = [int(t) for t in source[start:start + n]]
@@ -141,7 +152,7 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
         cut_prev = cut
     haystack += text[cut_prev:]
     # The paper's question asks, then restates; a fact is recalled by restating it, as in the knob.
-    asking = " " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], cfg.style)
+    asking = " " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], cfg.style, cfg.form)
     question = tokenizer.encode(asking)
     candidates = [answer_tokens(tokenizer, number) for number in numbers]
     return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates)
@@ -151,15 +162,19 @@ def answer_tokens(tokenizer, number: str) -> list[int]:
     return tokenizer.encode(" " + number)
 
 
-def opening(id_: str, style: str = "secret") -> str:
-    """The needle's words before its number."""
-    return " " + NEEDLE.format(id=id_) if style == "secret" else f" {id_} is"
+def opening(id_: str, style: str = "secret", form: str = "name_first") -> str:
+    """The needle's words before its number. A fact's ID is its subject said name first
+    ("<name>'s <attribute>", as fact_subjects and word_facts make it), said again in `form`."""
+    if style == "secret":
+        return " " + NEEDLE.format(id=id_)
+    name, attribute = id_.split("'s ", 1)
+    return f" {subject(name, attribute, form)} is"
 
 
-def needle_tokens(tokenizer, id_: str, number: str, style: str = "secret") -> list[int]:
-    """" The secret number for ID-xxxx is dddddd." (or " <name>'s <attribute> is dddd.") with the
-    number encoded as the answer is."""
-    return tokenizer.encode(opening(id_, style)) + answer_tokens(tokenizer, number) + tokenizer.encode(".")
+def needle_tokens(tokenizer, id_: str, number: str, style: str = "secret", form: str = "name_first") -> list[int]:
+    """" The secret number for ID-xxxx is dddddd." (or " <name>'s <attribute> is dddd.", or in
+    `form` name_last " The <attribute> of <name> is dddd.") with the number encoded as the answer is."""
+    return tokenizer.encode(opening(id_, style, form)) + answer_tokens(tokenizer, number) + tokenizer.encode(".")
 
 
 def fact_subjects(rng: np.random.Generator, n: int) -> list[str]:

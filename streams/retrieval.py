@@ -17,6 +17,12 @@ The facts use their own template and names, not the NIAH needles' ("The secret n
 ID-xxxx is"), so that NIAH measures whether the skill carries over to a sentence never trained on;
 NIAH's `needles.style: fact` asks the trained kind of fact instead (new names, held-out text).
 
+`form: name_last` says the same fact with its key right before the value (" The locker number of
+Zorostbar Rentha is 1677.", as the paper's needle "The secret number for ID-xxxx is"); the default
+`name_first` puts the name 4–6 tokens before it and the attribute right before. The draws are the
+same in both forms (only the sentence's words move), so two bases that differ in `form` read the
+same names, values and places.
+
 `attributes: k` (k ≥ 1) makes each episode draw k of the six attributes and its facts use only
 those, with no value twice in the episode: with k = 1 every fact of an episode has the same
 attribute ("... 's home town is ..."), so only the name tells them apart. With the default (0)
@@ -48,6 +54,7 @@ VALUES = {
     "town": ("Harlow", "Tamsin", "Brecon", "Alnwick", "Ludlow", "Whitby", "Penrith", "Thirsk"),
     "stone": ("jasper", "onyx", "garnet", "opal", "agate", "beryl", "topaz", "quartz"),
 }
+FORMS = ("name_first", "name_last")  # where the name stands: "X's <attribute> is", "The <attribute> of X is"
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class RetrievalConfig:
     facts: int = 4  # facts per episode, each said twice
     min_distance: int = 256  # tokens from the end of a fact's first mention to its recall
     attributes: int = 0  # attributes an episode's facts share (0: each fact draws its own; module doc)
+    form: str = "name_first"  # one of FORMS: the name before the attribute, or right before the value
 
     def __post_init__(self) -> None:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 <= self.fraction <= 1:
@@ -67,6 +75,8 @@ class RetrievalConfig:
         a = self.attributes
         if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= len(ATTRIBUTES):
             raise ValueError(f"retrieval.attributes must be an int in [0, {len(ATTRIBUTES)}], got {a!r}")
+        if self.form not in FORMS:
+            raise ValueError(f"retrieval.form must be one of {list(FORMS)}, got {self.form!r}")
         smallest = min(map(len, VALUES.values()))
         if a and self.facts > smallest:
             raise ValueError(f"retrieval.facts ({self.facts}) with attributes: an episode's values are distinct, and a "
@@ -84,16 +94,22 @@ def invented_name(rng: np.random.Generator) -> str:
     return f"{first} {last}"
 
 
+def subject(name: str, attribute: str, form: str = "name_first") -> str:
+    """What a fact is about, in its sentence's words: "Zorostbar Rentha's locker number" or, with
+    `form="name_last"`, "The locker number of Zorostbar Rentha"."""
+    return f"{name}'s {attribute}" if form == "name_first" else f"The {attribute} of {name}"
+
+
 def fact_sentence(rng: np.random.Generator, attributes: Sequence[tuple[str, str]] = ATTRIBUTES,
-                  taken: Sequence[str] = ()) -> tuple[str, str]:
+                  taken: Sequence[str] = (), form: str = "name_first") -> tuple[str, str]:
     """(" Zorostbar Rentha's locker number is 1677.", "1677"): an attribute of `attributes`, a value
-    not in `taken` (drawn again until it is not)."""
+    not in `taken` (drawn again until it is not), said in `form` (the same draws in every form)."""
     name = invented_name(rng)
     attribute, kind = attributes[int(rng.integers(len(attributes)))]
     while True:
         value = str(int(rng.integers(1000, 10000))) if kind == "number" else str(rng.choice(VALUES[kind]))
         if value not in taken:
-            return f" {name}'s {attribute} is {value}.", value
+            return f" {subject(name, attribute, form)} is {value}.", value
 
 
 def episode_facts(rng: np.random.Generator, cfg: RetrievalConfig) -> list[str]:
@@ -101,12 +117,12 @@ def episode_facts(rng: np.random.Generator, cfg: RetrievalConfig) -> list[str]:
     and keep the episode's values distinct; without, each fact is drawn alone (as before the field
     existed: the same draws, so the knob bases' pretraining tokens are unchanged)."""
     if not cfg.attributes:
-        return [fact_sentence(rng)[0] for _ in range(cfg.facts)]
+        return [fact_sentence(rng, form=cfg.form)[0] for _ in range(cfg.facts)]
     chosen = [ATTRIBUTES[i] for i in rng.choice(len(ATTRIBUTES), size=cfg.attributes, replace=False)]
     sentences: list[str] = []
     values: list[str] = []
     for _ in range(cfg.facts):
-        sentence, value = fact_sentence(rng, chosen, values)
+        sentence, value = fact_sentence(rng, chosen, values, cfg.form)
         sentences.append(sentence)
         values.append(value)
     return sentences

@@ -72,7 +72,7 @@ class StreamConfig:
         if not isinstance(self.token_budget, TokenBudget):
             raise ValueError("token_budget must be a TokenBudget")
         if not isinstance(self.retrieval, RetrievalConfig):
-            raise ValueError("retrieval must be a mapping {fraction, facts, min_distance, attributes}")
+            raise ValueError("retrieval must be a mapping {fraction, facts, min_distance, attributes, form}")
 
     @property
     def experience_domains(self) -> list[str]:

@@ -415,6 +415,8 @@ def study_identity(exp: NeedleExperiment, family: Family) -> dict[str, Any]:
     results where they are (as `clp eval` and `clp repeat` key their folders)."""
     identity = {k: v for k, v in dataclasses.asdict(exp).items()
                 if k not in ("models", "seeds", "runs_root", "family", "reference")}
+    if identity["needles"].get("form") == "name_first":  # the default, said or not, keys the folder as before the field
+        del identity["needles"]["form"]
     identity["family"] = family.identity()["base"]
     return identity
 

@@ -137,13 +137,16 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     knob = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval.yaml"))
     knob8 = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_x8.yaml"))
     named = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_named.yaml"))
-    for k in (knob, knob8, named):
+    name_last = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_name_last.yaml"))
+    for k in (knob, knob8, named, name_last):
         assert k.retrieval.active and k.retrieval.min_distance > 4 * 127  # beyond the stacked windows
         assert dataclasses.replace(k, retrieval=ref_stream.retrieval) == ref_stream
     dose = lambda r: r.fraction * r.facts  # noqa: E731
     assert dose(knob8.retrieval) == 8 * dose(knob.retrieval) and knob8.retrieval.min_distance == knob.retrieval.min_distance
     # The one-attribute knob differs from the knob in that field only: the same dose and distance.
     assert knob.retrieval.attributes == 0 and dataclasses.replace(named.retrieval, attributes=0) == knob.retrieval
+    # ... and the name-last knob from the one-attribute knob in the sentence's form only.
+    assert dataclasses.replace(name_last.retrieval, form="name_first") == named.retrieval != name_last.retrieval
     # The main job on the shipped base (reference_main) is the reference run without pretraining
     # domains: the base's own settings, the same continual phase, the same domains and adapt budgets.
     main = configs["reference_main"]

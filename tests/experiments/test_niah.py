@@ -286,6 +286,18 @@ def test_model_subset(tiny, tmp_path):
         load(path, models=["attention"], overrides=["reference=fwpkm-zero-shot"])
 
 
+def test_the_needle_form_keys_the_folder_only_when_it_is_not_the_default(tiny, tmp_path):
+    from experiments.studies.niah import needle_family, study_identity
+
+    path = family_files(tiny, tmp_path)
+    key = lambda *o: study_identity(e := load(path, overrides=list(o)), needle_family(e))  # noqa: E731
+    word = key("needles.style=word")
+    assert key("needles.style=word", "needles.form=name_first") == word  # folders made before the field stay found
+    assert key("needles.style=word", "needles.form=name_last") != word
+    with pytest.raises((ConfigError, ValueError), match="needles.form applies to styles"):
+        load(path, overrides=["needles.form=name_last"])  # the secret needle
+
+
 def test_paired_episodes_averages_each_sides_runs_and_resamples_the_episodes():
     from experiments.studies.niah import paired_episodes
 

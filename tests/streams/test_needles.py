@@ -92,6 +92,24 @@ def test_word_needles_ask_a_value_of_a_closed_set(tok):
         NeedleConfig(haystack_tokens=600, needles=25, depths=tuple(i / 25 for i in range(25)), style="word")
 
 
+def test_name_last_needles_say_the_same_facts_with_the_name_before_the_value(tok):
+    for style in ("fact", "word"):
+        cfg = NeedleConfig(haystack_tokens=600, needles=5, style=style)
+        last = NeedleConfig(haystack_tokens=600, needles=5, style=style, form="name_last")
+        for seed in range(3):
+            a = make_episode(cfg, tok, SOURCE, np.random.default_rng(seed), asked=seed)
+            b = make_episode(last, tok, SOURCE, np.random.default_rng(seed), asked=seed)
+            assert (a.ids, a.numbers, a.answer, a.candidates) == (b.ids, b.numbers, b.answer, b.candidates)
+            assert len(b.haystack) == 600 and b.attribute_shared() == a.attribute_shared()
+            for (s, e), subject, value in zip(b.needle_spans, b.ids, b.numbers):
+                name, attribute = subject.split("'s ")
+                assert tok.decode(b.haystack[s:e]) == f" The {attribute} of {name} is {value}."
+            s, e = b.needle_spans[seed]
+            assert b.haystack[s:s + len(b.question)] == b.question and b.haystack[s + len(b.question):e - 1] == b.answer
+            asked_name = b.ids[seed].split("'s ")[0]
+            assert tok.decode(b.question).endswith(f" of {asked_name} is")
+
+
 def test_same_generator_same_episode(tok):
     cfg = NeedleConfig(haystack_tokens=300, needles=2, depths=(0.2, 0.4))
     a = make_episode(cfg, tok, SOURCE, np.random.default_rng(7))
@@ -107,6 +125,8 @@ def test_same_generator_same_episode(tok):
     ({"haystack_tokens": 60, "needles": 5}, "shorter than its 5 needles"),
     ({"haystack_tokens": 0}, "haystack_tokens must be a positive int"),
     ({"style": "riddle"}, "needles.style must be one of"),
+    ({"style": "fact", "form": "last"}, "needles.form must be one of"),
+    ({"form": "name_last"}, "needles.form applies to styles 'fact' and 'word'"),
 ])
 def test_bad_configs_are_named(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -87,7 +87,35 @@ def test_shared_attributes_leave_only_the_name_to_tell_facts_apart():
     assert g.integers(1 << 30) == h.integers(1 << 30)
 
 
+def test_name_last_moves_the_words_and_keeps_every_draw():
+    import re
+
+    tok = load_tokenizer()
+    tokens = np.random.default_rng(2).integers(2000, 4096, size=(12, 1025))
+    docs = np.zeros_like(tokens)
+    first = RetrievalConfig(fraction=0.5, facts=4, min_distance=256, attributes=1)
+    last = RetrievalConfig(fraction=0.5, facts=4, min_distance=256, attributes=1, form="name_last")
+    a = episode_facts(np.random.default_rng(4), first)
+    b = episode_facts(np.random.default_rng(4), last)
+    said_first = [re.fullmatch(r" ([A-Z][a-z]+ [A-Z][a-z]+)'s ([a-z ]+) is (\w+)\.", f).groups() for f in a]
+    said_last = [re.fullmatch(r" The ([a-z ]+) of ([A-Z][a-z]+ [A-Z][a-z]+) is (\w+)\.", f).groups() for f in b]
+    # the same names, attributes and values, the name now right before " is"
+    assert [(n, at, v) for n, at, v in said_first] == [(n, at, v) for at, n, v in said_last]
+    # in a stream: the same rows, each fact twice, at most a few tokens away from where the first form put it
+    x, y = (insert_episodes(tokens, docs, c, tok, 0, "books") for c in (first, last))
+    assert np.array_equal(x[2], y[2]) and not np.array_equal(x[0], y[0])
+    untouched = [r for r in range(12) if r not in y[2]]
+    assert np.array_equal(x[0][untouched], y[0][untouched])
+    import zlib
+    g = np.random.default_rng([0, zlib.crc32(b"books"), 1])
+    g.choice(12, size=6, replace=False)
+    facts = [tok.encode(s) for s in episode_facts(g, last)]
+    assert all(len(occurrences(y[0][y[2][0]].tolist(), f)) == 2 for f in facts)
+    assert episode_facts(np.random.default_rng(0), RetrievalConfig(form="name_last"))[0].startswith(" The ")
+
+
 @pytest.mark.parametrize("fields, message", [
+    ({"form": "name_middle"}, "retrieval.form must be one of \\['name_first', 'name_last'\\]"),
     ({"attributes": 7}, "retrieval.attributes must be an int in \\[0, 6\\]"),
     ({"attributes": -1}, "retrieval.attributes must be an int"),
     ({"attributes": 1, "facts": 9}, "retrieval.facts \\(9\\) with attributes"),
