@@ -100,14 +100,19 @@ class Episode:
     needle_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each needle in haystack
     candidates: list[list[int]] = field(default_factory=list)  # every needle's number as an answer (answer = [asked])
 
-    def attribute_shared(self) -> bool:
-        """Whether another needle has the asked needle's attribute (a fact's words between the
-        name and the value; every secret needle has the same one): then only the name or ID tells
-        the asked needle apart."""
+    def attribute_count(self) -> int:
+        """How many needles have the asked needle's attribute, itself included (a fact's words
+        besides the name; every secret needle has the same one). A model that recalls the
+        episode's values of that attribute but not which name holds which is right 1 time in this."""
         def attribute(id_: str) -> str:
             return id_.split("'s ", 1)[1] if "'s " in id_ else "secret number"
 
-        return sum(attribute(i) == attribute(self.ids[self.asked]) for i in self.ids) > 1
+        return sum(attribute(i) == attribute(self.ids[self.asked]) for i in self.ids)
+
+    def attribute_shared(self) -> bool:
+        """Whether another needle has the asked needle's attribute: then only the name or ID tells
+        the asked needle apart."""
+        return self.attribute_count() > 1
 
     def distance(self) -> int:
         """Tokens between the end of the asked needle and the end of the question."""

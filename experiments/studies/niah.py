@@ -277,19 +277,19 @@ def episodes(exp: NeedleExperiment, source, tokenizer):
         yield make_episode(exp.needle_config, tokenizer, source, rng, asked=i % exp.needle_config.needles)
 
 
-def episode_facts(exp: NeedleExperiment, setup) -> tuple[list[bool], str]:
-    """For a variant's scored episodes: per episode, whether another needle has the asked one's
-    attribute (Episode.attribute_shared; recomputed, so members scored earlier get it too), and a
+def episode_facts(exp: NeedleExperiment, setup) -> tuple[list[int], str]:
+    """For a variant's scored episodes: per episode, how many needles have the asked one's
+    attribute (Episode.attribute_count; recomputed, so members scored earlier get it too), and a
     hash of their tokens, which two models must share to be compared episode by episode."""
     import hashlib
 
     data = setup.scenario.domains[exp.haystack_domain]
     digest = hashlib.sha1()
-    shared = []
+    counts = []
     for e in episodes(exp, _tokens(data.splits["eval"]), setup.scenario.tokenizer):
-        shared.append(e.attribute_shared())
+        counts.append(e.attribute_count())
         digest.update(repr((e.haystack, e.question, e.answer)).encode())
-    return shared, digest.hexdigest()
+    return counts, digest.hexdigest()
 
 
 def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str) -> dict[str, Any]:
@@ -447,11 +447,11 @@ def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path
     return folder, summary
 
 
-def summarise(exp: NeedleExperiment, results: list[dict], shared: dict[str, list[bool]] | None = None) -> dict[str, Any]:
+def summarise(exp: NeedleExperiment, results: list[dict], counts: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Per model: exact match per reading (mean over seeds, Wilson over every episode), by asked
-    needle, candidate match, answer-token rates, and with `shared` (per model, per episode: another
-    needle has the asked one's attribute) exact match on the episodes where the attribute is
-    unique and where it is shared."""
+    needle, candidate match, answer-token rates, and with `counts` (per model, per episode: how
+    many needles have the asked one's attribute) exact match on the episodes where the attribute
+    is unique and where it is shared, beside the shared episodes' guess rate (`name_guess`)."""
     out: dict[str, Any] = {"episodes": exp.episodes, "models": {}}
     for name in exp.models:
         runs = [r for r in results if r["model"] == name]
@@ -473,10 +473,11 @@ def summarise(exp: NeedleExperiment, results: list[dict], shared: dict[str, list
         if all("token_hits" in r for r in runs):  # members scored before it have none
             entry["token_accuracy"] = {s: token_accuracy([h for r in runs for h in r["token_hits"][s]])
                                        for s in runs[0]["token_hits"]}
-        if shared is not None:
-            flags = shared[name]
+        if counts is not None:
+            flags = [c > 1 for c in counts[name]]
             entry["by_attribute"] = {s: {kind: by_flag([r["hits"][s] for r in runs], flags, kind == "shared")
                                          for kind in ("unique", "shared")} for s in settings}
+            entry["name_guess"] = name_guess(counts[name])
         if exp.reference not in (None, name):
             ref = [r for r in results if r["model"] == exp.reference]
             entry["paired"] = {s: paired_episodes([r["hits"][s] for r in ref], [r["hits"][s] for r in runs])
@@ -500,6 +501,16 @@ def paired_episodes(reference: list[list[int]], other: list[list[int]], samples:
     ones = np.ones((a.size, 1))  # each episode one "document" of one scored answer
     d = paired_difference(a[:, None], ones, b[:, None], ones, samples=samples, seed=seed, level=level)[0]
     return {k: d[k] for k in ("value", "low", "high")}
+
+
+def name_guess(counts: list[int]) -> float | None:
+    """Exact match, on the episodes whose asked attribute is shared, of a model that recalls every
+    value the episode's needles give that attribute and picks one at random: the mean of 1/k over
+    them (k needles with the attribute). It needs no name, so only a rate above it shows retrieval
+    by the name or ID (word needles: a memory keyed by "lucky stone is" reaches it; stop 48 in
+    experiments/LOG.md)."""
+    shared = [1 / k for k in counts if k > 1]
+    return statistics.fmean(shared) if shared else None
 
 
 def by_flag(hits: list[list[int]], flags: list[bool], value: bool) -> dict[str, Any]:
@@ -552,9 +563,11 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
     first = next(iter(summary["models"].values()))
     if "by_attribute" in first:
         counts = first["by_attribute"][settings[0]]
+        guess = first.get("name_guess")
         lines.append(f"by the asked needle's attribute: unique among the needles ({counts['unique']['episodes']} "
                      f"episodes) / shared with another ({counts['shared']['episodes']}; only the name or ID tells them "
-                     f"apart)")
+                     f"apart" + ("" if guess is None else f"; a pick among the episode's values of the asked attribute, "
+                                 f"no name needed, is right {guess:.2f} there") + ")")
         for name, entry in summary["models"].items():
             cells = ["/".join("n/a" if c["mean"] is None else f"{c['mean']:.2f}"
                               for c in (entry["by_attribute"][s]["unique"], entry["by_attribute"][s]["shared"]))

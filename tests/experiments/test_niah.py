@@ -106,6 +106,15 @@ def test_hits_split_by_whether_the_asked_attribute_is_shared():
     assert by_flag(hits, [True] * 4, False) == {"mean": None, "episodes": 0}
 
 
+def test_the_name_guess_is_a_random_pick_among_the_values_of_the_asked_attribute():
+    from experiments.studies.niah import name_guess
+
+    # needles with the asked attribute per episode; unique ones (1) are left out
+    assert name_guess([1, 2, 3, 2]) == pytest.approx((1 / 2 + 1 / 3 + 1 / 2) / 3)
+    assert name_guess([5] * 7) == pytest.approx(0.2)  # secret needles: all share one, the candidates' chance
+    assert name_guess([1, 1]) is None
+
+
 def test_the_positive_controls_reach_is_full_attention_on_the_same_weights(tiny_base, model_and_episodes):
     """`model: {window: N}` (N >= the episode) is causal attention over everything, on the base's own
     weights: the same function as `mixer: full` with no windowed training, not the base's window."""
@@ -234,6 +243,7 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
             split = saved["models"][name]["by_attribute"][setting]
             assert split["unique"] == {"mean": None, "episodes": 0}
             assert split["shared"] == {"mean": pytest.approx(sum(hits) / 6), "episodes": 6}
+            assert saved["models"][name]["name_guess"] == pytest.approx(1 / 2)  # 2 needles, one attribute
         for setting in ("1-iter", "2-iter"):  # candidate match: rank 1 of the 2 needles' numbers
             ranks = per["ranks"][setting]
             assert len(ranks) == 6 and set(ranks) <= {1, 2}

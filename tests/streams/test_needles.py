@@ -80,12 +80,13 @@ def test_word_needles_ask_a_value_of_a_closed_set(tok):
     for seed in range(40):
         ep = make_episode(cfg, tok, SOURCE, np.random.default_rng(seed), asked=seed % 5)
         attributes = [i.split("'s ")[1] for i in ep.ids]
+        assert ep.attribute_count() == attributes.count(attributes[ep.asked]) >= 1
         assert ep.attribute_shared() == (attributes.count(attributes[ep.asked]) > 1)
         shared.append(ep.attribute_shared())
     assert 0 < sum(shared) < 40  # both kinds occur (5 needles, 3 attributes)
     secret = make_episode(NeedleConfig(haystack_tokens=600, needles=2, depths=(0.2, 0.6)), tok, SOURCE,
                           np.random.default_rng(0))
-    assert secret.attribute_shared()
+    assert secret.attribute_shared() and secret.attribute_count() == 2
     # 24 words in all: more needles than that cannot be told apart
     NeedleConfig(haystack_tokens=600, needles=24, depths=tuple(i / 24 for i in range(24)), style="word")
     with pytest.raises(ValueError, match="more than the 24 distinct word values"):
