@@ -40,9 +40,8 @@ from typing import Sequence
 
 import numpy as np
 
-from streams.retrieval import ATTRIBUTES, FORMS, VALUES, invented_name, subject
+from streams.retrieval import ATTRIBUTES, FORMS, NEEDLE, VALUES, invented_name, subject
 
-NEEDLE = "The secret number for ID-{id} is"
 QUESTION = "What is the secret number for ID-{id}? The secret number for ID-{id} is"
 STYLES = ("secret", "fact", "word")
 WORD_VALUES = sum(map(len, VALUES.values()))  # distinct answers style "word" can draw

@@ -13,8 +13,8 @@ marks the episode. Eval, dev and adapt splits never get episodes, so every score
 text; the pretraining data fingerprint (and with it the base key) covers the change, and
 `fraction: 0` (the default) leaves the segments untouched.
 
-The facts use their own template and names, not the NIAH needles' ("The secret number for
-ID-xxxx is"), so that NIAH measures whether the skill carries over to a sentence never trained on;
+By default the facts use their own template and names, not the NIAH needles' ("The secret number
+for ID-xxxx is"), so that NIAH measures whether the skill carries over to a sentence never trained on;
 NIAH's `needles.style: fact` asks the trained kind of fact instead (new names, held-out text).
 
 `form: name_last` says the same fact with its key right before the value (" The locker number of
@@ -22,6 +22,13 @@ Zorostbar Rentha is 1677.", as the paper's needle "The secret number for ID-xxxx
 `name_first` puts the name 4–6 tokens before it and the attribute right before. The draws are the
 same in both forms (only the sentence's words move), so two bases that differ in `form` read the
 same names, values and places.
+
+`form: secret` says the paper's needle itself (" The secret number for ID-4821 is 735219.": a
+distinct 4-digit ID per fact, a 6-digit number, the draws of `clp niah`'s secret needles): every
+fact has the one attribute, so only the ID tells them apart (`attributes` does not apply). NIAH's
+secret needles then ask the trained task on held-out text, as `needles.style: fact` does for the
+other forms; the deviation from the paper (whose base never saw the template) is the point: it
+asks whether the memory can learn retrieval by a key at this scale at all (experiments/LOG.md).
 
 `attributes: k` (k ≥ 1) makes each episode draw k of the six attributes and its facts use only
 those, with no value twice in the episode: with k = 1 every fact of an episode has the same
@@ -55,6 +62,8 @@ VALUES = {
     "stone": ("jasper", "onyx", "garnet", "opal", "agate", "beryl", "topaz", "quartz"),
 }
 FORMS = ("name_first", "name_last")  # where the name stands: "X's <attribute> is", "The <attribute> of X is"
+KNOB_FORMS = FORMS + ("secret",)  # the knob can also say the paper's needle (module doc)
+NEEDLE = "The secret number for ID-{id} is"  # the paper's needle up to its number (streams/needles.py)
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ class RetrievalConfig:
     facts: int = 4  # facts per episode, each said twice
     min_distance: int = 256  # tokens from the end of a fact's first mention to its recall
     attributes: int = 0  # attributes an episode's facts share (0: each fact draws its own; module doc)
-    form: str = "name_first"  # one of FORMS: the name before the attribute, or right before the value
+    form: str = "name_first"  # one of KNOB_FORMS: the name before the attribute, right before the value, or an ID
 
     def __post_init__(self) -> None:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not 0 <= self.fraction <= 1:
@@ -75,8 +84,11 @@ class RetrievalConfig:
         a = self.attributes
         if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= len(ATTRIBUTES):
             raise ValueError(f"retrieval.attributes must be an int in [0, {len(ATTRIBUTES)}], got {a!r}")
-        if self.form not in FORMS:
-            raise ValueError(f"retrieval.form must be one of {list(FORMS)}, got {self.form!r}")
+        if self.form not in KNOB_FORMS:
+            raise ValueError(f"retrieval.form must be one of {list(KNOB_FORMS)}, got {self.form!r}")
+        if self.form == "secret" and a:
+            raise ValueError("retrieval.attributes does not apply to form 'secret': every secret fact has the one "
+                             "attribute, and only its ID tells it apart")
         smallest = min(map(len, VALUES.values()))
         if a and self.facts > smallest:
             raise ValueError(f"retrieval.facts ({self.facts}) with attributes: an episode's values are distinct, and a "
@@ -115,7 +127,12 @@ def fact_sentence(rng: np.random.Generator, attributes: Sequence[tuple[str, str]
 def episode_facts(rng: np.random.Generator, cfg: RetrievalConfig) -> list[str]:
     """One episode's `cfg.facts` sentences. With `cfg.attributes`, first draw that many attributes,
     and keep the episode's values distinct; without, each fact is drawn alone (as before the field
-    existed: the same draws, so the knob bases' pretraining tokens are unchanged)."""
+    existed: the same draws, so the knob bases' pretraining tokens are unchanged). Form "secret":
+    distinct 4-digit IDs and 6-digit numbers, as NIAH's secret needles draw them."""
+    if cfg.form == "secret":
+        ids = rng.choice(np.arange(1000, 10000), size=cfg.facts, replace=False)
+        numbers = rng.integers(100000, 1000000, size=cfg.facts)
+        return [f" {NEEDLE.format(id=int(i))} {int(n)}." for i, n in zip(ids, numbers)]
     if not cfg.attributes:
         return [fact_sentence(rng, form=cfg.form)[0] for _ in range(cfg.facts)]
     chosen = [ATTRIBUTES[i] for i in rng.choice(len(ATTRIBUTES), size=cfg.attributes, replace=False)]

@@ -114,8 +114,28 @@ def test_name_last_moves_the_words_and_keeps_every_draw():
     assert episode_facts(np.random.default_rng(0), RetrievalConfig(form="name_last"))[0].startswith(" The ")
 
 
+def test_secret_form_says_the_papers_needle_with_distinct_ids_token_for_token():
+    import re
+
+    from streams.needles import needle_tokens
+
+    tok = load_tokenizer()
+    rng = np.random.default_rng(3)
+    cfg = RetrievalConfig(fraction=0.5, facts=8, form="secret")
+    for _ in range(30):
+        facts = episode_facts(rng, cfg)
+        said = [re.fullmatch(r" The secret number for ID-(\d{4}) is (\d{6})\.", f).groups() for f in facts]
+        assert len({i for i, _ in said}) == 8  # only the ID tells them apart: never one twice
+        # the knob's tokens are the NIAH secret needle's, so NIAH asks the trained sentence
+        assert all(tok.encode(f) == needle_tokens(tok, i, n) for f, (i, n) in zip(facts, said))
+    tokens = np.random.default_rng(2).integers(2000, 4096, size=(6, 1025))
+    new, _, rows = insert_episodes(tokens, np.zeros_like(tokens), RetrievalConfig(fraction=0.5, form="secret"), tok, 0, "books")
+    assert len(rows) == 3 and all(tok.decode(new[r].tolist()).count("The secret number for ID-") == 8 for r in rows)
+
+
 @pytest.mark.parametrize("fields, message", [
-    ({"form": "name_middle"}, "retrieval.form must be one of \\['name_first', 'name_last'\\]"),
+    ({"form": "name_middle"}, "retrieval.form must be one of \\['name_first', 'name_last', 'secret'\\]"),
+    ({"form": "secret", "attributes": 1}, "retrieval.attributes does not apply to form 'secret'"),
     ({"attributes": 7}, "retrieval.attributes must be an int in \\[0, 6\\]"),
     ({"attributes": -1}, "retrieval.attributes must be an int"),
     ({"attributes": 1, "facts": 9}, "retrieval.facts \\(9\\) with attributes"),
