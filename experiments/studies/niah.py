@@ -55,7 +55,10 @@ from cl_platform.check import ConfigError, check, is_int, is_number
 from experiments.studies.family import Family, load_family
 from experiments.studies.study import cached, load_study, relative_to, study_folder, write_results
 
-MODEL_KEYS = ("variant", "finetune", "rule", "model")
+MODEL_KEYS = ("variant", "finetune", "rule", "model", "writes")
+# `writes: [3]`: only these FwPKM layers (block indices) write while a zero-shot model reads the
+# episodes (default: every one); the others read what they hold. A per-layer ablation: which
+# layer's memory carries the reading.
 # What a model may change of its variant's architecture: how far attention reaches, nothing with
 # parameters, so the variant's base loads as it is. `model: {window: 4096}` on the FwPKM base is the
 # positive control (issue 22): the same weights with attention over the whole episode, fine-tuned on
@@ -104,6 +107,12 @@ class NeedleExperiment:
             check(isinstance(reach, dict) and set(reach) <= set(REACH_FIELDS), self, "models",
                   f"model {name!r}: 'model' may change only {list(REACH_FIELDS)} of the variant's architecture "
                   f"(got {reach!r})")
+            writes = spec.get("writes")
+            check(writes is None or (isinstance(writes, list) and all(is_int(i) for i in writes)
+                                     and len(set(writes)) == len(writes)), self, "models",
+                  f"model {name!r}: writes must be a list of distinct FwPKM layer indices (got {writes!r})")
+            check(writes is None or not spec.get("finetune"), self, "models",
+                  f"model {name!r}: writes applies to zero-shot models (finetune: false)")
             try:
                 WriteRule(**(spec.get("rule") or {}))
             except (TypeError, ConfigError) as err:
@@ -129,14 +138,21 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
 
 
 # --- the protocol ------------------------------------------------------------------------------------
-def read_iteratively(model, episode, n: int, rule, memory, autocast) -> tuple[list[bool], int]:
+def set_writes(model, enabled: bool, layers: Sequence[int] | None = None) -> None:
+    """Writes on or off in every FwPKM layer, or, with `layers`, on only in those (block indices)."""
+    for layer in model.fwpkm_layers():
+        layer.writes_enabled = enabled and (layers is None or layer.name in {f"fwpkm{i}" for i in layers})
+
+
+def read_iteratively(model, episode, n: int, rule, memory, autocast, writes: Sequence[int] | None = None
+                     ) -> tuple[list[bool], int]:
     """n-iter reading of one episode from memory state `memory`: n − 1 reads of the haystack, each
     with one write over the whole context, then haystack + question with writes off, once per
     needle with that needle's number as the answer (one batch: the memory is the same for all).
     Returns (which answer tokens are the model's top-1, teacher forced: exact match is all of
     them; rank of the asked needle's number among the needles' numbers by log-likelihood, 1 =
     first); raises if any FwPKM layer did not read n times and write n − 1
-    times."""
+    times (0 times if `writes` leaves it out)."""
     import torch
 
     hay = torch.tensor(episode.haystack)[None]
@@ -147,13 +163,14 @@ def read_iteratively(model, episode, n: int, rule, memory, autocast) -> tuple[li
     for layer in layers:
         layer.reset_counters()
     with torch.no_grad(), autocast:
-        model.set_writes(True)
+        set_writes(model, True, writes)
         for _ in range(n - 1):
             model(hay)
         model.set_writes(False)
         logits = model(full)
     for layer in layers:
-        if (layer.calls, layer.writes) != (n, n - 1):
+        wrote = n - 1 if writes is None or layer.name in {f"fwpkm{i}" for i in writes} else 0
+        if (layer.calls, layer.writes) != (n, wrote):
             raise AssertionError(f"{layer.name}: {n}-iter read {layer.calls} times and wrote {layer.writes} times")
     return _answer_hits(logits[episode.asked:episode.asked + 1, :full_length(episode, episode.asked)], episode), \
         _rank(logits, episode)
@@ -186,7 +203,7 @@ def _rank(logits, episode) -> int:
     return 1 + sum(ll > lls[episode.asked] for ll in lls)
 
 
-def read_in_pass(model, episode, rule, memory, autocast) -> list[bool]:
+def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] | None = None) -> list[bool]:
     """One read of haystack + question writing every `rule.chunk` tokens (the ordinary mode);
     which answer tokens are the model's top-1 (teacher forced)."""
     import torch
@@ -194,7 +211,7 @@ def read_in_pass(model, episode, rule, memory, autocast) -> list[bool]:
     full = torch.tensor(episode.haystack + episode.question + episode.answer[:-1])[None]
     model.restore_memory(memory)
     model.set_write_rules(dataclasses.replace(rule, persistence="persist"))
-    model.set_writes(True)
+    set_writes(model, True, writes)
     with torch.no_grad(), autocast:
         logits = model(full)
     return _answer_hits(logits, episode)
@@ -292,8 +309,10 @@ def episode_facts(exp: NeedleExperiment, setup) -> tuple[list[int], str]:
     return counts, digest.hexdigest()
 
 
-def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str) -> dict[str, Any]:
-    """Exact match per setting (n-iter for each n, and in-pass), overall and by asked needle."""
+def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str,
+          writes: Sequence[int] | None = None) -> dict[str, Any]:
+    """Exact match per setting (n-iter for each n, and in-pass), overall and by asked needle;
+    `writes`: the FwPKM layers that write (default every one)."""
     import torch
 
     model.eval()
@@ -309,10 +328,10 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str)
         asked.append(e.asked)
         distances.append(e.distance())
         for n in exp.iterations:
-            answer, rank = read_iteratively(model, e, n, rule, memory, autocast)
+            answer, rank = read_iteratively(model, e, n, rule, memory, autocast, writes)
             tokens[f"{n}-iter"].append([int(a) for a in answer])
             ranks[f"{n}-iter"].append(rank)
-        tokens["in-pass"].append([int(a) for a in read_in_pass(model, e, rule, memory, autocast)])
+        tokens["in-pass"].append([int(a) for a in read_in_pass(model, e, rule, memory, autocast, writes)])
     model.restore_memory(memory)
     hits = {k: [int(all(t)) for t in v] for k, v in tokens.items()}
     by_needle = {k: [statistics.fmean([h for h, a in zip(v, asked) if a == j]) for j in range(cfg.needles)]
@@ -345,6 +364,10 @@ def check_models(exp: NeedleExperiment) -> dict[str, Any]:
                               f"{exp.family} ({list(family.variants)})")
         if spec["variant"] not in setups:
             setups[spec["variant"]] = family.setup(spec["variant"], exp.base_seed, who="needle")
+        layers = setups[spec["variant"]].model_config.fwpkm_layers
+        if not set(spec.get("writes") or []) <= set(layers):
+            raise ConfigError(f"needle config field 'models.{name}.writes': {spec['writes']} are not all FwPKM layers of "
+                              f"variant {spec['variant']!r} ({list(layers)})")
         try:
             reach_config(setups[spec["variant"]].model_config, spec)
         except ConfigError as err:
@@ -382,7 +405,7 @@ def evaluate(exp: NeedleExperiment, name: str, seed: int, say: Callable[[str], N
         say(f"{name}, seed {seed}: fine-tuning {exp.finetune_steps} steps on needle episodes")
         loss = finetune(model, exp, rule, _tokens(data.splits["pretrain"]), tokenizer, seed, cfg.pretrain.precision)
     say(f"{name}, seed {seed}: scoring {exp.episodes} episodes")
-    result = score(model, exp, rule, _tokens(data.splits["eval"]), tokenizer, cfg.pretrain.precision)
+    result = score(model, exp, rule, _tokens(data.splits["eval"]), tokenizer, cfg.pretrain.precision, spec.get("writes"))
     return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss,
             "finetune_memory": FINETUNE_MEMORY if spec.get("finetune") else None, "window": model_config.window,
             "mixer": model_config.mixer,

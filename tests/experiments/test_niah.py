@@ -182,6 +182,37 @@ def test_finetune_gives_every_episode_the_base_memory(tiny, tiny_base, tmp_path,
         assert layer.writes > 0  # the episodes did write (and were undone)
 
 
+def test_writes_names_the_layers_that_write_and_the_others_only_read(model_and_episodes):
+    model, episodes, rule = model_and_episodes
+    memory = model.snapshot_memory()
+    ep = episodes[1]
+    every = [int(layer.name.removeprefix("fwpkm")) for layer in model.fwpkm_layers()]
+
+    def final_logits(n, writes=None, reader=read_iteratively):
+        captured: list[torch.Tensor] = []
+        handle = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o.detach().clone()))
+        reader(model, ep, *((n,) if reader is read_iteratively else ()), rule, memory, contextlib.nullcontext(), writes)
+        handle.remove()
+        return captured[-1]
+
+    # naming every layer is the default, bit for bit
+    assert torch.equal(final_logits(2), final_logits(2, every))
+    # naming none: the extra read writes nothing, so 2-iter reads as 1-iter does
+    two_none = final_logits(2, [])
+    assert all(layer.writes == 0 and layer.calls == 2 for layer in model.fwpkm_layers())
+    assert torch.equal(two_none, final_logits(1)) and not torch.equal(two_none, final_logits(2))
+    # in one pass, naming none is reading with writes off
+    model.restore_memory(memory)
+    model.set_writes(False)
+    with torch.no_grad():
+        off = model(torch.tensor(ep.haystack + ep.question + ep.answer[:-1])[None])
+    assert torch.equal(final_logits(None, [], read_in_pass), off)
+    assert not torch.equal(final_logits(None, None, read_in_pass), off)
+    # one layer named: it writes, the others do not
+    final_logits(3, every[:1])
+    assert [layer.writes for layer in model.fwpkm_layers()] == [2] + [0] * (len(every) - 1)
+
+
 def family_files(tiny, tmp_path, **niah):
     tiny.config(tmp_path / "base.yaml")
     (tmp_path / "family.yaml").write_text(yaml.safe_dump({
@@ -205,6 +236,8 @@ def family_files(tiny, tmp_path, **niah):
     ({"models": {"x": {"varient": "fwpkm"}}}, "needs 'variant'"),
     ({"iterations": [0, 1]}, "iterations"),
     ({"models": {"x": {"variant": "fwpkm", "model": {"d_model": 8}}}}, "may change only .*'window'"),
+    ({"models": {"x": {"variant": "fwpkm", "writes": 1}}}, "writes must be a list of distinct"),
+    ({"models": {"x": {"variant": "fwpkm", "writes": [1], "finetune": True}}}, "writes applies to zero-shot"),
 ])
 def test_bad_configs_are_named(tiny, tmp_path, fields, message):
     with pytest.raises((ConfigError, ValueError), match=message):
@@ -215,6 +248,7 @@ def test_bad_configs_are_named(tiny, tmp_path, fields, message):
     ({"models": {"x": {"variant": "mamba"}}}, "models.x.variant.*'mamba' is not a variant"),
     ({"haystack_domain": "poetry"}, "haystack_domain.*'poetry' is not a domain"),
     ({"models": {"x": {"variant": "fwpkm", "model": {"mixer": "mamba"}}}}, "models.x.model.*mixer"),
+    ({"models": {"x": {"variant": "fwpkm", "writes": [99]}}}, "models.x.writes.*99.*not all FwPKM layers"),
 ])
 def test_unknown_names_are_named_before_any_work(tiny, tmp_path, fields, message):
     with pytest.raises(ConfigError, match=message):
