@@ -139,7 +139,8 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     named = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_named.yaml"))
     name_last = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_name_last.yaml"))
     secret = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_secret.yaml"))
-    for k in (knob, knob8, named, name_last, secret):
+    secret12 = load_stream_config(ref.stream.replace("reference.yaml", "reference_retrieval_secret12.yaml"))
+    for k in (knob, knob8, named, name_last, secret, secret12):
         assert k.retrieval.active and k.retrieval.min_distance > 4 * 127  # beyond the stacked windows
         assert dataclasses.replace(k, retrieval=ref_stream.retrieval) == ref_stream
     dose = lambda r: r.fraction * r.facts  # noqa: E731
@@ -150,6 +151,8 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     assert dataclasses.replace(name_last.retrieval, form="name_first") == named.retrieval != name_last.retrieval
     # ... and the secret knob from the knob in the sentence only: the same dose and distance.
     assert dataclasses.replace(secret.retrieval, form="name_first") == knob.retrieval != secret.retrieval
+    # ... and its 12-fact version from it in the facts an episode only.
+    assert dataclasses.replace(secret12.retrieval, facts=4) == secret.retrieval and secret12.retrieval.facts == 12
     # The main job on the shipped base (reference_main) is the reference run without pretraining
     # domains: the base's own settings, the same continual phase, the same domains and adapt budgets.
     main = configs["reference_main"]
