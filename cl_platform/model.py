@@ -26,7 +26,7 @@ Shape letters: B batch, T time, V vocabulary, d model width, nh attention heads,
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, Sequence, get_args
 
 import torch
 import torch.nn.functional as F
@@ -361,9 +361,11 @@ class FwPKMLM(nn.Module):
         for layer in self.fwpkm_layers():
             layer.reset(generator)
 
-    def set_writes(self, enabled: bool) -> None:
+    def set_writes(self, enabled: bool, layers: Sequence[int] | None = None) -> None:
+        """Writes on or off in every FwPKM layer, or, with `layers` (block indices), on only in those."""
+        names = None if layers is None else {f"fwpkm{i}" for i in layers}
         for layer in self.fwpkm_layers():
-            layer.writes_enabled = enabled
+            layer.writes_enabled = enabled and (names is None or layer.name in names)
 
     def write_rules(self) -> dict[str, WriteRule]:
         """Each FwPKM layer's write rule, by layer name (`fwpkm<index>`), in layer order."""

@@ -138,12 +138,6 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
 
 
 # --- the protocol ------------------------------------------------------------------------------------
-def set_writes(model, enabled: bool, layers: Sequence[int] | None = None) -> None:
-    """Writes on or off in every FwPKM layer, or, with `layers`, on only in those (block indices)."""
-    for layer in model.fwpkm_layers():
-        layer.writes_enabled = enabled and (layers is None or layer.name in {f"fwpkm{i}" for i in layers})
-
-
 def read_iteratively(model, episode, n: int, rule, memory, autocast, writes: Sequence[int] | None = None
                      ) -> tuple[list[bool], int]:
     """n-iter reading of one episode from memory state `memory`: n − 1 reads of the haystack, each
@@ -163,14 +157,14 @@ def read_iteratively(model, episode, n: int, rule, memory, autocast, writes: Seq
     for layer in layers:
         layer.reset_counters()
     with torch.no_grad(), autocast:
-        set_writes(model, True, writes)
+        model.set_writes(True, writes)
+        writing = [layer.writes_enabled for layer in layers]
         for _ in range(n - 1):
             model(hay)
         model.set_writes(False)
         logits = model(full)
-    for layer in layers:
-        wrote = n - 1 if writes is None or layer.name in {f"fwpkm{i}" for i in writes} else 0
-        if (layer.calls, layer.writes) != (n, wrote):
+    for layer, wrote in zip(layers, writing):
+        if (layer.calls, layer.writes) != (n, n - 1 if wrote else 0):
             raise AssertionError(f"{layer.name}: {n}-iter read {layer.calls} times and wrote {layer.writes} times")
     return _answer_hits(logits[episode.asked:episode.asked + 1, :full_length(episode, episode.asked)], episode), \
         _rank(logits, episode)
@@ -211,7 +205,7 @@ def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] |
     full = torch.tensor(episode.haystack + episode.question + episode.answer[:-1])[None]
     model.restore_memory(memory)
     model.set_write_rules(dataclasses.replace(rule, persistence="persist"))
-    set_writes(model, True, writes)
+    model.set_writes(True, writes)
     with torch.no_grad(), autocast:
         logits = model(full)
     return _answer_hits(logits, episode)
