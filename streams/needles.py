@@ -98,6 +98,7 @@ class Episode:
     asked: int  # index of the asked needle
     needle_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each needle in haystack
     candidates: list[list[int]] = field(default_factory=list)  # every needle's number as an answer (answer = [asked])
+    answer_starts: list[int] = field(default_factory=list)  # where each needle's number begins in haystack
 
     def attribute_count(self) -> int:
         """How many needles have the asked needle's attribute, itself included (a fact's words
@@ -146,12 +147,14 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
     start = int(rng.integers(0, len(source) - n + 1))
     text = [int(t) for t in source[start:start + n]]
     haystack: list[int] = []
-    spans = []
+    spans, starts = [], []
+    tail = len(tokenizer.encode("."))  # the needle's tokens after its number
     cut_prev = 0
-    for depth, needle in zip(depths, needles):
+    for depth, needle, number in zip(depths, needles, numbers):
         cut = round(depth * n)
         haystack += text[cut_prev:cut]
         spans.append((len(haystack), len(haystack) + len(needle)))
+        starts.append(len(haystack) + len(needle) - tail - len(answer_tokens(tokenizer, number)))
         haystack += needle
         cut_prev = cut
     haystack += text[cut_prev:]
@@ -159,7 +162,7 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
     asking = " " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], cfg.style, cfg.form)
     question = tokenizer.encode(asking)
     candidates = [answer_tokens(tokenizer, number) for number in numbers]
-    return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates)
+    return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates, starts)
 
 
 def answer_tokens(tokenizer, number: str) -> list[int]:

@@ -35,6 +35,12 @@ other episodes and of the other sequence in its batch — the collisions that ke
 (`experiments/LOG.md`, stop 43); results made so are recomputed, `FINETUNE_MEMORY`.)
 Results: `<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later runs.
 
+Addresses (in-pass, every FwPKM layer; `addresses`): whether the question reads where the asked
+needle wrote. With look-ahead the token before a needle's number writes the number under its
+lookup, and the question's last token reads under its own; their shared weight against the
+asked needle's, the other needles' and two needles' writes with each other says whether a failed
+read is the address (the query does not tell the needles apart) or what the slots hold.
+
 A model may also change how far its variant's attention reaches (`model: {window: 4096}`; only
 REACH_FIELDS, which hold no parameters, so the variant's base loads as it is). That is the
 positive control a memory's null needs: the same base, the same fine-tuning and episodes, with
@@ -197,18 +203,62 @@ def _rank(logits, episode) -> int:
     return 1 + sum(ll > lls[episode.asked] for ll in lls)
 
 
-def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] | None = None) -> list[bool]:
+def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] | None = None
+                 ) -> tuple[list[bool], dict[str, dict[str, Any]]]:
     """One read of haystack + question writing every `rule.chunk` tokens (the ordinary mode);
-    which answer tokens are the model's top-1 (teacher forced)."""
+    which answer tokens are the model's top-1 (teacher forced), and per FwPKM layer where the
+    question reads against where the needles wrote (`addresses`)."""
     import torch
 
     full = torch.tensor(episode.haystack + episode.question + episode.answer[:-1])[None]
     model.restore_memory(memory)
     model.set_write_rules(dataclasses.replace(rule, persistence="persist"))
     model.set_writes(True, writes)
-    with torch.no_grad(), autocast:
-        logits = model(full)
-    return _answer_hits(logits, episode)
+    picks: dict[str, tuple[Any, Any]] = {}
+    layers = model.fwpkm_layers()
+    kept = [layer.observer for layer in layers]
+    for layer in layers:
+        layer.observer = lambda layer, g, idx, weights: picks.__setitem__(layer.name, (idx[0], weights[0]))
+    try:
+        with torch.no_grad(), autocast:
+            logits = model(full)
+    finally:
+        for layer, observer in zip(layers, kept):
+            layer.observer = observer
+    return _answer_hits(logits, episode), {name: addresses(idx, w, episode) for name, (idx, w) in picks.items()}
+
+
+def shared_weight(idx, weights, a: int, b: int) -> float:
+    """How much two positions' lookups agree: per head, the read weight they put on the same slots
+    (Σ over slots of min(w_a, w_b); each head's top-k weights sum to 1), averaged over the heads.
+    1 when both pick the same slots with the same weights, 0 when they share none."""
+    total = 0.0
+    for h in range(idx.shape[1]):
+        wb = dict(zip(idx[b, h].tolist(), weights[b, h].tolist()))
+        total += sum(min(x, wb[s]) for s, x in zip(idx[a, h].tolist(), weights[a, h].tolist()) if s in wb)
+    return total / idx.shape[1]
+
+
+def addresses(idx, weights, episode) -> dict[str, Any]:
+    """Where the question reads against where each needle wrote, in one in-pass read (idx, weights:
+    (T, H, k) of one FwPKM layer). With look-ahead the token before a needle's number ("is") writes
+    the number's value under its own lookup, and the question's last token ("is") reads under its
+    own: `asked` and `others` are the shared weight (`shared_weight`) of the question's lookup with
+    the asked needle's write and, averaged, with the other needles'; `match` is 1 when the asked
+    needle's is the largest (shared among ties, so chance is 1 / needles); `between` is the mean
+    shared weight of two needles' writes with each other — what the template alone makes them share.
+    A memory keyed by the ID has match near 1 and `between` low; one keyed by the template has
+    asked ≈ others ≈ between."""
+    query = len(episode.haystack) + len(episode.question) - 1
+    writes = [start - 1 for start in episode.answer_starts]
+    shared = [shared_weight(idx, weights, query, p) for p in writes]
+    asked = shared[episode.asked]
+    others = [x for j, x in enumerate(shared) if j != episode.asked]
+    top = max(shared)
+    pairs = [shared_weight(idx, weights, a, b) for i, a in enumerate(writes) for b in writes[i + 1:]]
+    return {"asked": asked, "others": statistics.fmean(others) if others else None,
+            "match": (asked == top) / sum(x == top for x in shared),
+            "between": statistics.fmean(pairs) if pairs else None}
 
 
 def _answer_hits(logits, episode) -> list[bool]:
@@ -318,6 +368,7 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str,
     tokens["in-pass"] = []
     ranks: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     asked, distances = [], []
+    address: dict[str, dict[str, list]] = {}  # per FwPKM layer, per episode: `addresses`
     for e in episodes(exp, source, tokenizer):
         asked.append(e.asked)
         distances.append(e.distance())
@@ -325,7 +376,11 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str,
             answer, rank = read_iteratively(model, e, n, rule, memory, autocast, writes)
             tokens[f"{n}-iter"].append([int(a) for a in answer])
             ranks[f"{n}-iter"].append(rank)
-        tokens["in-pass"].append([int(a) for a in read_in_pass(model, e, rule, memory, autocast, writes)])
+        answer, where = read_in_pass(model, e, rule, memory, autocast, writes)
+        tokens["in-pass"].append([int(a) for a in answer])
+        for name, value in where.items():
+            for key, x in value.items():
+                address.setdefault(name, {}).setdefault(key, []).append(x)
     model.restore_memory(memory)
     hits = {k: [int(all(t)) for t in v] for k, v in tokens.items()}
     by_needle = {k: [statistics.fmean([h for h, a in zip(v, asked) if a == j]) for j in range(cfg.needles)]
@@ -334,7 +389,7 @@ def score(model, exp: NeedleExperiment, rule, source, tokenizer, precision: str,
     # (chance 1 / needles; issue 22), for the n-iter readings, whose final read writes nothing.
     return {"accuracy": {k: statistics.fmean(v) for k, v in hits.items()}, "hits": hits, "token_hits": tokens,
             "ranks": ranks, "candidate_match": {k: statistics.fmean(r == 1 for r in v) for k, v in ranks.items()},
-            "by_needle": by_needle,
+            "by_needle": by_needle, "address": address,
             "distance_by_needle": [statistics.fmean([d for d, a in zip(distances, asked) if a == j])
                                    for j in range(cfg.needles)]}
 
@@ -490,6 +545,9 @@ def summarise(exp: NeedleExperiment, results: list[dict], counts: dict[str, list
         if all("token_hits" in r for r in runs):  # members scored before it have none
             entry["token_accuracy"] = {s: token_accuracy([h for r in runs for h in r["token_hits"][s]])
                                        for s in runs[0]["token_hits"]}
+        if all(r.get("address") for r in runs):  # members scored before it (or without an FwPKM) have none
+            entry["address"] = {layer: {key: mean_of([x for r in runs for x in r["address"][layer][key]])
+                                        for key in runs[0]["address"][layer]} for layer in runs[0]["address"]}
         if counts is not None:
             flags = [c > 1 for c in counts[name]]
             entry["by_attribute"] = {s: {kind: by_flag([r["hits"][s] for r in runs], flags, kind == "shared")
@@ -518,6 +576,12 @@ def paired_episodes(reference: list[list[int]], other: list[list[int]], samples:
     ones = np.ones((a.size, 1))  # each episode one "document" of one scored answer
     d = paired_difference(a[:, None], ones, b[:, None], ones, samples=samples, seed=seed, level=level)[0]
     return {k: d[k] for k in ("value", "low", "high")}
+
+
+def mean_of(values: list[float | None]) -> float | None:
+    """The mean of the values that exist (None: one needle has no others to compare with)."""
+    kept = [x for x in values if x is not None]
+    return statistics.fmean(kept) if kept else None
 
 
 def name_guess(counts: list[int]) -> float | None:
@@ -577,6 +641,16 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
                 cells = [f"{entry['paired'][s]['value']:+.2f} [{entry['paired'][s]['low']:+.2f}, "
                          f"{entry['paired'][s]['high']:+.2f}]" for s in settings]
                 lines.append(f"{name:>26s}" + "".join(f"{c:>{width}s}" for c in cells))
+    if any("address" in entry for entry in summary["models"].values()):
+        lines.append(f"addresses, in-pass, per FwPKM layer: the weight the question's read shares with the asked "
+                     f"needle's write / with the other needles' (mean) / two needles' writes with each other; match: "
+                     f"the asked needle's is the largest (chance {1 / cfg.needles:.2f})")
+        for name, entry in summary["models"].items():
+            where = entry.get("address")
+            lines.append(f"{name:>26s}  " + ("n/a" if where is None else "   ".join(
+                f"{layer} " + "/".join("—" if where[layer][k] is None else f"{where[layer][k]:.2f}"
+                                       for k in ("asked", "others", "between"))
+                + f" match {where[layer]['match']:.2f}" for layer in where)))
     first = next(iter(summary["models"].values()))
     if "by_attribute" in first:
         counts = first["by_attribute"][settings[0]]

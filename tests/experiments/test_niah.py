@@ -11,7 +11,9 @@ import torch
 import yaml
 
 from cl_platform.check import ConfigError
-from experiments.studies.niah import FINETUNE_MEMORY, finetune, load, read_in_pass, read_iteratively, run
+from experiments.studies.niah import (FINETUNE_MEMORY, addresses, finetune, load, read_in_pass, read_iteratively, run,
+                                     shared_weight)
+from streams.needles import Episode
 from streams.needles import NeedleConfig, make_episode
 
 
@@ -282,6 +284,18 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
             ranks = per["ranks"][setting]
             assert len(ranks) == 6 and set(ranks) <= {1, 2}
             assert saved["models"][name]["candidate_match"][setting]["mean"] == pytest.approx(ranks.count(1) / 6)
+    # Addresses: the in-pass lookups of every FwPKM layer, averaged over the episodes; none without one.
+    per = json.loads((folder / "fwpkm-zero-shot-seed0.json").read_text())
+    layers = saved["models"]["fwpkm-zero-shot"]["address"]
+    assert set(layers) == set(per["address"]) and len(layers) >= 1
+    for layer, value in layers.items():
+        for key in ("asked", "others", "match", "between"):
+            assert len(per["address"][layer][key]) == 6
+            assert value[key] == pytest.approx(sum(per["address"][layer][key]) / 6)
+    assert "address" not in saved["models"]["attention"] and not json.loads(
+        (folder / "attention-seed0.json").read_text())["address"]
+    table = (folder / "table.txt").read_text()
+    assert "addresses, in-pass" in table and f"{next(iter(layers))} " in table
     again = []
     run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=again.append)
     assert not any("scoring" in s for s in again)
@@ -412,3 +426,56 @@ def test_over_bases_is_the_student_t_interval_of_the_bases_values():
     assert out["models"]["m"]["paired"]["in-pass"]["values"] == pytest.approx([0.10, 0.05, 0.12])
     assert out["models"]["m"]["paired"]["in-pass"]["t95"] == pytest.approx([0.00043, 0.17957], abs=1e-4)
     assert "paired" not in out["models"]["r"]
+
+
+def test_shared_weight_is_the_read_weight_two_lookups_put_on_the_same_slots():
+    # (T=2, H=2, k=2): head 0 shares slot 2 (min(0.4, 0.5) = 0.4), head 1 picks the same slots with
+    # the same weights (1.0): 0.7, whichever position comes first; a position with itself is 1.
+    idx = torch.tensor([[[1, 2], [7, 8]], [[2, 3], [8, 7]]])
+    w = torch.tensor([[[0.6, 0.4], [0.3, 0.7]], [[0.5, 0.5], [0.7, 0.3]]])
+    assert shared_weight(idx, w, 0, 1) == pytest.approx(0.7) == shared_weight(idx, w, 1, 0)
+    assert shared_weight(idx, w, 0, 0) == pytest.approx(1.0)
+    assert shared_weight(idx, torch.tensor([[[0.5, 0.5], [0.5, 0.5]], [[0.9, 0.1], [0.5, 0.5]]]), 0, 1) == \
+        pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_addresses_compare_the_question_read_with_each_needles_write():
+    # 3 needles whose numbers start at 3, 6 and 9 (writes at 2, 5, 8); the question's last token
+    # (position 12) reads one slot of needle 0's and one of needle 1's, none of needle 2's.
+    H, k = 1, 2
+    idx = torch.zeros(13, H, k, dtype=torch.long)
+    w = torch.full((13, H, k), 0.5)
+    idx[:, 0] = torch.tensor([100, 101])  # every other position: slots no needle uses
+    idx[2, 0], idx[5, 0], idx[8, 0], idx[12, 0] = torch.tensor([1, 2]), torch.tensor([3, 4]), \
+        torch.tensor([5, 6]), torch.tensor([3, 1])
+    ep = Episode(haystack=list(range(11)), question=[0, 0], answer=[7], ids=["a", "b", "c"], numbers=["1", "2", "3"],
+                 asked=1, answer_starts=[3, 6, 9])
+    got = addresses(idx, w, ep)
+    assert got == pytest.approx({"asked": 0.5, "others": 0.25, "match": 0.5, "between": 0.0})  # a tie: shared
+    assert addresses(idx, w, dataclasses.replace(ep, asked=2)) == pytest.approx(
+        {"asked": 0.0, "others": 0.5, "match": 0.0, "between": 0.0})
+    idx[12, 0] = torch.tensor([4, 3])  # needle 1's slots, in another order
+    assert addresses(idx, w, ep) == pytest.approx({"asked": 1.0, "others": 0.0, "match": 1.0, "between": 0.0})
+    idx[8, 0] = torch.tensor([4, 9])  # needle 2 now writes one of needle 1's slots too
+    assert addresses(idx, w, ep) == pytest.approx({"asked": 1.0, "others": 0.25, "match": 1.0, "between": 0.5 / 3})
+    one = dataclasses.replace(ep, ids=["b"], numbers=["2"], asked=0, answer_starts=[6])
+    assert addresses(idx, w, one) == {"asked": 1.0, "others": None, "match": 1.0, "between": None}
+
+
+def test_in_pass_reports_every_layers_addresses_and_gives_its_observer_back(model_and_episodes):
+    model, episodes, rule = model_and_episodes
+    memory = model.snapshot_memory()
+    seen = []
+    for layer in model.fwpkm_layers():
+        layer.observer = lambda *args: seen.append(args)
+    hits, where = read_in_pass(model, episodes[0], rule, memory, contextlib.nullcontext())
+    assert seen == []  # the reading's own observer replaced it for the read ...
+    assert set(where) == {layer.name for layer in model.fwpkm_layers()}
+    for value in where.values():
+        assert 0.0 <= value["asked"] <= 1.0 and 0.0 <= value["between"] <= 1.0 and value["match"] in (0.0, 0.5, 1.0)
+    model.set_writes(False)
+    with torch.no_grad():
+        model(torch.tensor(episodes[0].haystack)[None])
+    assert len(seen) == len(model.fwpkm_layers())  # ... and it is back afterwards
+    for layer in model.fwpkm_layers():
+        layer.observer = None

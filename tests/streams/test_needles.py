@@ -37,6 +37,10 @@ def test_needles_at_their_depths_and_the_text_kept_in_order(tok):
     assert ep.haystack[b - len(ep.answer) - 1:b - 1] == ep.answer
     assert tok.decode(ep.question).endswith(f"for ID-{ep.ids[1]} is") and ep.ids[1] in tok.decode(ep.question)
     assert ep.distance() == 600 - b + len(ep.question)
+    # every needle's number starts at its answer_start, right after the needle's "is"
+    for start, number, (a, b) in zip(ep.answer_starts, ep.candidates, ep.needle_spans):
+        assert a < start and start + len(number) == b - 1 and ep.haystack[start:start + len(number)] == number
+        assert tok.decode(ep.haystack[a:start]).endswith(" is")
 
 
 def test_fact_needles_are_the_retrieval_knobs_sentences_restated_up_to_the_number(tok):
@@ -52,7 +56,7 @@ def test_fact_needles_are_the_retrieval_knobs_sentences_restated_up_to_the_numbe
     a, b = ep.needle_spans[2]
     assert ep.haystack[a:a + len(ep.question)] == ep.question
     assert ep.haystack[a + len(ep.question):b - 1] == ep.answer and tok.decode(ep.answer) == " " + ep.numbers[2]
-    assert ep.candidates[2] == ep.answer
+    assert ep.candidates[2] == ep.answer and ep.answer_starts[2] == a + len(ep.question)
     # the default style stays the secret-number needle
     secret = make_episode(NeedleConfig(haystack_tokens=600, needles=4, depths=(0.1, 0.3, 0.5, 0.7)), tok, SOURCE,
                           np.random.default_rng(3), asked=2)
