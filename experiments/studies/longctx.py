@@ -231,10 +231,15 @@ def summarise(exp: LongContextExperiment, results: list[dict]) -> dict[str, Any]
               for d in domains}
     docs = {d: int((np.array(by[(exp.reference, exp.seeds[0])]["scores"][d]["off"]["counts"]).sum(1) > 0).sum())
             for d in domains}
+    # The base-to-base spread: each seed's loss over the whole split (token-weighted), per setting.
+    whole = {variant: {setting: {d: [by[(variant, s)]["scores"][d][setting]["mean"] for s in exp.seeds]
+                                 for d in domains}
+                       for setting in by[(variant, exp.seeds[0])]["scores"][domains[0]]}
+             for variant in exp.variants}
     window = results[0]["window"]
     return {"buckets": exp.buckets, "split": exp.split, "seeds": exp.seeds, "reference": exp.reference,
             "window": window, "domains": domains, "tokens": tokens, "documents": docs,
-            "means": means, "differences": diffs, "beyond": beyond_window(diffs["minus_reference"], exp.buckets, window),
+            "means": means, "whole": whole, "differences": diffs, "beyond": beyond_window(diffs["minus_reference"], exp.buckets, window),
             "bases": {f"{r['variant']}-seed{r['seed']}": r["base_summary"] for r in results}}
 
 
@@ -303,6 +308,16 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
             per = " / ".join(f"{v:+.3f}" for v in m["values"])
             interval = "" if math.isnan(m["std"]) else f" [{m['t95'][0]:+.3f}, {m['t95'][1]:+.3f}]"
             lines.append(f"  {d:<8s} {per:<28s} {m['mean']:+.3f}{interval}")
+    if len(summary["seeds"]) > 1 and "whole" in summary:
+        lines.append("")
+        lines.append(f"loss over the whole split (token-weighted), mean over seeds {summary['seeds']} (range: "
+                     f"largest − smallest seed; the base-to-base spread)")
+        lines.append(f"{'':>22s}" + "".join(f"{d:>16s}" for d in summary["domains"]) + f"{'domain mean':>16s}")
+        for variant, by_setting in summary["whole"].items():
+            for setting, by_d in by_setting.items():
+                columns = list(by_d.values()) + [[statistics.fmean(x) for x in zip(*by_d.values())]]
+                cells = [f"{statistics.fmean(v):.3f} ({max(v) - min(v):.3f})" for v in columns]
+                lines.append(f"{variant + ' writes ' + setting:>22s}" + "".join(f"{c:>16s}" for c in cells))
     lines.append("")
     lines.append("Δ: difference of mean losses, 95 % paired bootstrap interval over documents (one seed) or mean ± "
                  "std over seeds (k/n: seeds whose interval excludes 0); Δ v−reference compares v and the "

@@ -144,6 +144,12 @@ def test_family_run_writes_results_table_and_plot_and_reuses_them(tiny, tmp_path
     # the window is 16: only the last bucket (16-32) lies beyond it
     past = saved["differences"]["minus_reference"]["fwpkm"]["math"][0][2]["value"]
     assert saved["beyond"]["fwpkm"]["math"]["values"] == pytest.approx([past])
+    # the whole split per seed: the member's token-weighted mean, the buckets' tokens put back together
+    member = json.loads(next(folder.glob("fwpkm-seed0*.json")).read_text())["scores"]["math"]["on"]
+    assert saved["whole"]["fwpkm"]["on"]["math"] == [member["mean"]]
+    tokens = saved["tokens"]["math"]
+    assert member["mean"] == pytest.approx(sum(m * n for m, n in zip(on, tokens)) / sum(tokens))
+    assert set(saved["whole"]["attention"]) == {"off"}
     again = []
     run(load(path), say=again.append)
     assert not any("scoring" in line for line in again)  # finished variants are read back
@@ -180,3 +186,26 @@ def test_beyond_the_window_is_token_weighted_per_seed_with_a_t_interval_over_see
     half = 4.302653 * 0.05 / 3 ** 0.5
     assert got["mean"] == pytest.approx(-0.15) and got["t95"] == pytest.approx([-0.15 - half, -0.15 + half], rel=1e-5)
     assert beyond_window({"fwpkm": {"law": seeds}}, edges=[0, 64, 96, 100], window=128)["fwpkm"] == {}
+
+
+def test_the_whole_split_block_gives_each_seeds_spread(tiny, tmp_path):
+    from experiments.studies.longctx import table
+
+    path, _ = family(tiny, tmp_path)
+    exp = load(path, overrides=["seeds=[0,1,2]"])
+    summary = {"buckets": [0, 16], "split": "eval", "window": 16, "seeds": [0, 1, 2], "reference": "attention",
+               "domains": ["math", "code"], "documents": {"math": 1, "code": 1}, "tokens": {"math": [1], "code": [1]},
+               "means": {"attention": {"math": {"off": [4.0]}, "code": {"off": [5.0]}},
+                         "fwpkm": {"math": {"off": [4.0], "on": [3.0]}, "code": {"off": [5.0], "on": [4.0]}}},
+               "differences": {"on_minus_off": {}, "minus_reference": {}},
+               "whole": {"attention": {"off": {"math": [4.0, 4.1, 4.3], "code": [5.0, 5.0, 5.0]}},
+                         "fwpkm": {"off": {"math": [4.0, 4.0, 4.0], "code": [5.2, 5.0, 5.0]},
+                                   "on": {"math": [3.0, 3.1, 3.0], "code": [4.0, 4.0, 4.3]}}}}
+    text = table(exp, summary)
+    attention = next(line for line in text.splitlines() if line.strip().startswith("attention writes off")
+                     and "(" in line)
+    # math 4.133 (range 0.300), code 5.000 (0.000), domain means 4.5 / 4.55 / 4.65: 4.567 (0.150)
+    assert "4.133 (0.300)" in attention and "5.000 (0.000)" in attention and "4.567 (0.150)" in attention
+    on = next(line for line in text.splitlines() if line.strip().startswith("fwpkm writes on") and "(" in line)
+    assert "3.033 (0.100)" in on and "4.100 (0.300)" in on and "3.567 (0.150)" in on  # 3.5 / 3.55 / 3.65
+    assert "the base-to-base spread" in text
