@@ -550,6 +550,10 @@ def summarise(exp: NeedleExperiment, results: list[dict], counts: dict[str, list
                                         for key in runs[0]["address"][layer]} for layer in runs[0]["address"]}
         if counts is not None:
             flags = [c > 1 for c in counts[name]]
+            if "address" in entry:  # does the read find the asked needle where only the name or ID tells it apart?
+                entry["address_match_by_attribute"] = {
+                    layer: {kind: by_flag([r["address"][layer]["match"] for r in runs], flags, kind == "shared")["mean"]
+                            for kind in ("unique", "shared")} for layer in entry["address"]}
             entry["by_attribute"] = {s: {kind: by_flag([r["hits"][s] for r in runs], flags, kind == "shared")
                                          for kind in ("unique", "shared")} for s in settings}
             entry["name_guess"] = name_guess(counts[name])
@@ -606,6 +610,15 @@ def token_accuracy(hits: list[list[int]]) -> list[float]:
     return [statistics.fmean(h[i] for h in hits if len(h) > i) for i in range(width)]
 
 
+def split_match(entry: dict[str, Any], layer: str) -> str:
+    """' (unique a / shared b)': address match where the asked attribute is unique or shared, if known."""
+    split = entry.get("address_match_by_attribute", {}).get(layer)
+    if split is None:
+        return ""
+    return " (unique " + " / shared ".join("n/a" if split[k] is None else f"{split[k]:.2f}"
+                                           for k in ("unique", "shared")) + ")"
+
+
 def table(exp: NeedleExperiment, summary: dict) -> str:
     settings = [f"{n}-iter" for n in exp.iterations] + ["in-pass"]
     width = 24
@@ -650,7 +663,7 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
             lines.append(f"{name:>26s}  " + ("n/a" if where is None else "   ".join(
                 f"{layer} " + "/".join("—" if where[layer][k] is None else f"{where[layer][k]:.2f}"
                                        for k in ("asked", "others", "between"))
-                + f" match {where[layer]['match']:.2f}" for layer in where)))
+                + f" match {where[layer]['match']:.2f}" + split_match(entry, layer) for layer in where)))
     first = next(iter(summary["models"].values()))
     if "by_attribute" in first:
         counts = first["by_attribute"][settings[0]]

@@ -294,8 +294,11 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
             assert value[key] == pytest.approx(sum(per["address"][layer][key]) / 6)
     assert "address" not in saved["models"]["attention"] and not json.loads(
         (folder / "attention-seed0.json").read_text())["address"]
+    # secret needles share their attribute: every episode's match is on the "shared" side
+    split = saved["models"]["fwpkm-zero-shot"]["address_match_by_attribute"]
+    assert all(v["unique"] is None and v["shared"] == pytest.approx(layers[k]["match"]) for k, v in split.items())
     table = (folder / "table.txt").read_text()
-    assert "addresses, in-pass" in table and f"{next(iter(layers))} " in table
+    assert "addresses, in-pass" in table and "(unique n/a / shared" in table and f"{next(iter(layers))} " in table
     again = []
     run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=again.append)
     assert not any("scoring" in s for s in again)
