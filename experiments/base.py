@@ -15,9 +15,9 @@ base (or an unfinished pretraining) whose record differs from the running code, 
 before bases recorded their code), is stale. By default a stale cached base is moved aside to
 `pretrain-<key[:12]>.stale-<its code hash[:12] or 'unknown'>` and rebuilt in place, and a stale
 `base_checkpoint` is refused; `reuse_stale=True` (`clp run --reuse-stale-base`) uses it anyway,
-and run.json says so — except that a given base whose `probe.json` (written beside every base it
-pretrains; experiments/base_probe.py) this code reproduces is the same function, and is used
-with a note naming the files that differ. A check rather than the key, because it can say which files differ (a new
+and run.json says so — except that a base (cached, shipped or given) whose `probe.json` (written
+beside every base it pretrains; experiments/base_probe.py) this code reproduces is the same
+function, and is used with a note naming the files that differ. A check rather than the key, because it can say which files differ (a new
 key cannot), it finds bases made before the check with the same rule, and run folders (whose
 identity includes the base key) do not all change name at every code edit.
 """
@@ -50,8 +50,9 @@ SHIPPED_BASES = Path(__file__).resolve().parent / "bases"
 def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], None] = print,
                 reuse_stale: bool = False, shipped: tuple[Path, ...] = (SHIPPED_BASES,)) -> tuple[Path, dict, bool, dict]:
     """The base model of this config: cached, or pretrained now. Returns (checkpoint path, record,
-    whether it was cached, model state dict). A cached base or unfinished pretraining built by
-    other code is moved aside and rebuilt, unless `reuse_stale`.
+    whether it was cached, model state dict). A cached base built by other code is used if this
+    code reproduces its probe; otherwise it, or an unfinished pretraining built by other code, is
+    moved aside and rebuilt, unless `reuse_stale`.
 
     One process at a time looks at and builds a base: two runs that need the same uncached base
     (two terminals, two sweep workers) do not both pretrain it — the second waits on
@@ -131,6 +132,14 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
         if change is None:
             say(f"base model: cached {base} ({describe(data['record'])})")
             return base, data["record"], True, data["model"]
+        # Built by other code: still this base if this code computes the same function with it
+        # (a code edit that leaves the function alone does not cost an hour's rebuild).
+        diff = cached_probe_difference(out, data["model"], setup)
+        if diff is not None and diff <= PROBE_TOLERANCE:
+            record = {**data["record"], "probe_difference": diff}
+            say(f"base model: cached {base} (built by {change}, the same function on its probe ({diff:.1e} nats); "
+                f"{describe(record)})")
+            return base, record, True, data["model"]
     found = shipped_base(setup, key, shipped, say)
     if found is not None:
         return found
@@ -173,6 +182,16 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
         write_probe(out, model.state_dict(), setup.model_config, cfg.pretrain.fwpkm)  # lets other code check it, once given
     say(f"base model: {base} ({describe(record)})")
     return base, record, False, model.state_dict()
+
+
+def cached_probe_difference(folder: Path, weights: dict, setup: Setup) -> float | None:
+    """The probe's difference under this code for a cached base (None: no probe, or weights this
+    model cannot load, which no probe can vouch for)."""
+    try:
+        check_loads(folder, weights, setup)
+    except CheckpointError:
+        return None
+    return probe_difference(folder, weights, setup.model_config, setup.config.pretrain.fwpkm)
 
 
 def _progress_record(path: Path, setup: Setup) -> dict:

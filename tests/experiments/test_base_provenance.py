@@ -41,11 +41,16 @@ def rewrite_record(src, dst, change) -> dict:
     return data["record"]
 
 
-def stale_cache(tiny_base, runs, change):
-    """A copy of the tiny base's cache folder under `runs`, its record changed by `change`."""
+def stale_cache(tiny_base, runs, change, probe: bool = False):
+    """A copy of the tiny base's cache folder under `runs`, its record changed by `change`; without
+    its probe.json unless `probe` (a base that no probe vouches for, as those made before probes)."""
+    from experiments.base_probe import PROBE_FILE
+
     folder = runs / tiny_base.path.parent.name
     shutil.copytree(tiny_base.path.parent, folder)
     rewrite_record(tiny_base.path, folder / "base.ckpt", change)
+    if not probe:
+        (folder / PROBE_FILE).unlink()
     return folder
 
 
@@ -84,6 +89,31 @@ def test_a_cached_base_built_by_other_code_is_named_kept_aside_and_rebuilt(tiny,
     phases = [timings["row0_eval"]] + [e[k] for e in timings["experiences"] for k in ("train", "eval")]
     assert timings["total"] == pytest.approx(record["seconds"] + sum(phases))
     assert results.matrix.is_complete
+
+
+def test_a_cached_base_from_other_code_that_computes_the_same_function_is_used_and_one_that_does_not_is_rebuilt(
+        tiny, tiny_base, tmp_path):
+    from experiments.base_probe import PROBE_FILE
+
+    runs = tmp_path / "runs"
+    cache = stale_cache(tiny_base, runs, other_code, probe=True)
+    before = (cache / "base.ckpt").read_bytes()
+    setup = load_setup(tiny.config(tmp_path / "run.yaml", runs_root=str(runs)))
+    said = []
+    path, record, cached, weights = ensure_base(setup, progress_bar=False, say=said.append)
+    assert cached and path == cache / "base.ckpt" and (cache / "base.ckpt").read_bytes() == before
+    assert any(line.startswith(f"base model: cached {path} (built by other code ({FWPKM} differs), the same function "
+                               f"on its probe") for line in said), said
+    assert 0 <= record["probe_difference"] <= 1e-4 and record["code"]["modules"][FWPKM] == "0" * 64
+    assert sorted(p.name for p in runs.iterdir() if p.name.startswith("pretrain-")) == [cache.name]  # nothing moved
+    # A probe this code does not reproduce (one loss moved by 1e-3): moved aside and rebuilt.
+    recorded = json.loads((cache / PROBE_FILE).read_text())
+    (cache / PROBE_FILE).write_text(json.dumps({**recorded, "write": recorded["write"] + 1e-3}))
+    said = []
+    _, rebuilt, cached, _ = ensure_base(setup, progress_bar=False, say=said.append)
+    assert not cached and rebuilt["code"] == base_code()
+    assert (runs / f"{cache.name}.stale-ffffffffffff" / "base.ckpt").read_bytes() == before
+    assert any("moved to" in line for line in said), said
 
 
 def test_a_cached_base_without_a_code_record_is_rebuilt_as_built_by_unknown_code(tiny, tiny_base, tmp_path):
