@@ -548,6 +548,14 @@ def summarise(exp: NeedleExperiment, results: list[dict], counts: dict[str, list
         if all(r.get("address") for r in runs):  # members scored before it (or without an FwPKM) have none
             entry["address"] = {layer: {key: mean_of([x for r in runs for x in r["address"][layer][key]])
                                         for key in runs[0]["address"][layer]} for layer in runs[0]["address"]}
+            # Does reading the asked needle's slots go with retrieving it? In-pass exact match on
+            # the episodes whose address matched (the asked needle's shared weight the largest,
+            # alone) and on those where another needle's was larger (ties left out).
+            entry["exact_by_address"] = {layer: {kind: mean_of([h if m == value else None for r in runs
+                                                                for h, m in zip(r["hits"]["in-pass"],
+                                                                                r["address"][layer]["match"])])
+                                                 for kind, value in (("matched", 1.0), ("missed", 0.0))}
+                                         for layer in entry["address"]}
         if counts is not None:
             flags = [c > 1 for c in counts[name]]
             if "address" in entry:  # does the read find the asked needle where only the name or ID tells it apart?
@@ -619,6 +627,15 @@ def split_match(entry: dict[str, Any], layer: str) -> str:
                                            for k in ("unique", "shared")) + ")"
 
 
+def exact_by_address(entry: dict[str, Any], layer: str) -> str:
+    """', in-pass exact a where matched / b where not' (n/a: no such episode)."""
+    split = entry.get("exact_by_address", {}).get(layer)
+    if split is None:
+        return ""
+    cell = ["n/a" if split[k] is None else f"{split[k]:.2f}" for k in ("matched", "missed")]
+    return f", in-pass exact {cell[0]} where matched / {cell[1]} where not"
+
+
 def table(exp: NeedleExperiment, summary: dict) -> str:
     settings = [f"{n}-iter" for n in exp.iterations] + ["in-pass"]
     width = 24
@@ -663,7 +680,8 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
             lines.append(f"{name:>26s}  " + ("n/a" if where is None else "   ".join(
                 f"{layer} " + "/".join("—" if where[layer][k] is None else f"{where[layer][k]:.2f}"
                                        for k in ("asked", "others", "between"))
-                + f" match {where[layer]['match']:.2f}" + split_match(entry, layer) for layer in where)))
+                + f" match {where[layer]['match']:.2f}" + split_match(entry, layer)
+                + exact_by_address(entry, layer) for layer in where)))
     first = next(iter(summary["models"].values()))
     if "by_attribute" in first:
         counts = first["by_attribute"][settings[0]]

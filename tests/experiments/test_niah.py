@@ -294,11 +294,18 @@ def test_niah_run_on_the_tiny_family(tiny, tmp_path):
             assert value[key] == pytest.approx(sum(per["address"][layer][key]) / 6)
     assert "address" not in saved["models"]["attention"] and not json.loads(
         (folder / "attention-seed0.json").read_text())["address"]
+    # exact match split by whether the address matched: the episodes' hits where match is 1 / 0
+    hits = per["hits"]["in-pass"]
+    for layer, split in saved["models"]["fwpkm-zero-shot"]["exact_by_address"].items():
+        for kind, value in (("matched", 1.0), ("missed", 0.0)):
+            chosen = [h for h, m in zip(hits, per["address"][layer]["match"]) if m == value]
+            assert split[kind] == (pytest.approx(sum(chosen) / len(chosen)) if chosen else None)
+        assert split["matched"] is not None or split["missed"] is not None
     # secret needles share their attribute: every episode's match is on the "shared" side
     split = saved["models"]["fwpkm-zero-shot"]["address_match_by_attribute"]
     assert all(v["unique"] is None and v["shared"] == pytest.approx(layers[k]["match"]) for k, v in split.items())
     table = (folder / "table.txt").read_text()
-    assert "addresses, in-pass" in table and "(unique n/a / shared" in table and f"{next(iter(layers))} " in table
+    assert "addresses, in-pass" in table and "(unique n/a / shared" in table and "where matched /" in table and f"{next(iter(layers))} " in table
     again = []
     run(load(family_files(tiny, tmp_path, runs_root=str(tiny.runs))), say=again.append)
     assert not any("scoring" in s for s in again)
