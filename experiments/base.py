@@ -102,9 +102,10 @@ def shipped_base(setup: Setup, key: str, roots: tuple[Path, ...],
             record, note = data["record"], ""
             change = code_change(record)
             if change is not None:
-                diff = probe_difference(path.parent, data["model"], setup.model_config, setup.config.pretrain.fwpkm)
+                diff = checked_probe_difference(path.parent, data["model"], setup)
                 if diff is None or diff > PROBE_TOLERANCE:
-                    why = "it has no probe" if diff is None else f"its probe differs by {diff:.3g} nats under this code"
+                    why = ("it has no probe (or weights this model cannot load)" if diff is None
+                           else f"its probe differs by {diff:.3g} nats under this code")
                     say(f"base model: shipped {path} has this key but was built by {change} and {why}: not used")
                     continue
                 record = {**record, "probe_difference": diff}
@@ -134,7 +135,7 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
             return base, data["record"], True, data["model"]
         # Built by other code: still this base if this code computes the same function with it
         # (a code edit that leaves the function alone does not cost an hour's rebuild).
-        diff = cached_probe_difference(out, data["model"], setup)
+        diff = checked_probe_difference(out, data["model"], setup)
         if diff is not None and diff <= PROBE_TOLERANCE:
             record = {**data["record"], "probe_difference": diff}
             say(f"base model: cached {base} (built by {change}, the same function on its probe ({diff:.1e} nats); "
@@ -184,9 +185,9 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
     return base, record, False, model.state_dict()
 
 
-def cached_probe_difference(folder: Path, weights: dict, setup: Setup) -> float | None:
-    """The probe's difference under this code for a cached base (None: no probe, or weights this
-    model cannot load, which no probe can vouch for)."""
+def checked_probe_difference(folder: Path, weights: dict, setup: Setup) -> float | None:
+    """The probe's difference under this code for a cached or shipped base (None: no probe, or
+    weights this model cannot load, which no probe can vouch for)."""
     try:
         check_loads(folder, weights, setup)
     except CheckpointError:

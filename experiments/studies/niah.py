@@ -215,10 +215,14 @@ def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] |
     model.set_write_rules(dataclasses.replace(rule, persistence="persist"))
     model.set_writes(True, writes)
     picks: dict[str, tuple[Any, Any]] = {}
+
+    def keep(layer, gates, idx, weights):  # the FwPKM observer hook: this read's lookups, row 0
+        picks[layer.name] = (idx[0], weights[0])
+
     layers = model.fwpkm_layers()
     kept = [layer.observer for layer in layers]
     for layer in layers:
-        layer.observer = lambda layer, g, idx, weights: picks.__setitem__(layer.name, (idx[0], weights[0]))
+        layer.observer = keep
     try:
         with torch.no_grad(), autocast:
             logits = model(full)
