@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from analysis.metrics import adaptation_gain_per_experience, summary
+from analysis.metrics import METRICS, adaptation_gain_per_experience, summary
+from analysis.table import ONE_SEED, interval, number
 from cl_platform.results import ResultsMatrix, RunResults
 
 
@@ -92,18 +93,23 @@ def format_aggregate(agg: dict[str, Any], precision: int = 3) -> str:
     then each experience's adaptation gain with its coefficient of variation."""
     mean, std = np.asarray(agg["matrix_mean"]), np.asarray(agg["matrix_std"])
     labels = ["0 before"] + [f"{t} {d}" for t, d in enumerate(agg["experiences"], start=1)]
-    cells = [[f"{m:.{precision}f} ± {s:.{precision}f}" for m, s in zip(mr, sr)] for mr, sr in zip(mean, std)]
+    cells = [[f"{m:.{precision}f} ± {number(s, f'.{precision}f', ONE_SEED)}" for m, s in zip(mr, sr)]
+             for mr, sr in zip(mean, std)]
     width = max(len(c) for row in cells for c in row)
-    head = f"{agg['metric']}, mean ± std over {len(agg['runs'])} runs ({', '.join(agg['runs'])})"
+    n = len(agg["runs"])
+    head = f"{agg['metric']}, mean ± std over {n} run{'' if n == 1 else 's'} ({', '.join(agg['runs'])})"
     label_width = max(len(label) for label in labels)
     lines = [head, " " * label_width + "".join(f"  {d:>{width}}" for d in agg["domains"])]
     for label, row in zip(labels, cells):
         lines.append(label.ljust(label_width) + "".join(f"  {c:>{width}}" for c in row))
     lines.append("")
-    n = len(agg["runs"])
     lines.append(f"  {'metric':<34} mean ± std        95 % t-interval over the {n} runs   (per run)")
-    for key, stat in agg["metrics"].items():
-        lines.append(f"  {key:<34} {_stat_text(stat)}")
+    for key, metric in METRICS.items():
+        # `aggregate` leaves out a metric no run has (e.g. retention 2 experiences later on a
+        # 2-domain stream): printed as what it needs, not dropped in silence.
+        stat = agg["metrics"].get(key)
+        text = metric.undefined_text if stat is None else _stat_text(stat, undefined=metric.undefined_text)
+        lines.append(f"  {key:<34} {text}")
     lines.append("")
     lines.append(f"  {'adaptation gain of experience':<34} mean ± std        95 % t-interval   cv   (per run)")
     for t, stat in enumerate(agg.get("experience_gains", []), start=1):
@@ -113,8 +119,13 @@ def format_aggregate(agg: dict[str, Any], precision: int = 3) -> str:
     return "\n".join(lines)
 
 
-def _stat_text(stat: dict[str, Any], extra: str = "") -> str:
-    lo, hi = stat["t95"]
-    interval = f"[{lo:+.4f}, {hi:+.4f}]" if math.isfinite(lo) else "[n/a: one run]"
-    runs = ", ".join(f"{v:+.4f}" for v in stat["values"])
-    return f"{stat['mean']:+.4f} ± {stat['std']:.4f}   {interval}{'   ' + extra if extra else ''}   ({runs})"
+def _stat_text(stat: dict[str, Any], extra: str = "", undefined: str = "n/a") -> str:
+    """`mean ± std   [t-interval]   extra   (per run)`; `undefined` where a run has no value (the
+    mean is NaN), `n/a (1 seed)` for the spread of one run."""
+    runs = ", ".join(number(v, "+.4f") for v in stat["values"])
+    if math.isnan(stat["mean"]):
+        return f"{undefined}   ({runs})"
+    if len(stat["values"]) == 1:  # no spread, interval or cv: the one value
+        return f"{stat['mean']:+.4f} ± {ONE_SEED}"
+    spread, ci = number(stat["std"], ".4f"), interval(*stat["t95"])
+    return f"{stat['mean']:+.4f} ± {spread}   {ci}{'   ' + extra if extra else ''}   ({runs})"

@@ -31,6 +31,28 @@ import numpy as np
 from analysis import metrics
 from cl_platform.results import ResultsMatrix, RunResults
 
+# Below this many evaluation documents in a domain a bootstrap says little (over one document every
+# draw is the same: a zero-width interval). Printed intervals say so, and `clp run` warns when it
+# builds such a stream; the stream YAML's `token_budget.eval_docs` is the remedy.
+MIN_DOCUMENTS = 5
+EVAL_DOCS_REMEDY = "set token_budget.eval_docs: N in {stream} to cut each domain's eval budget into N documents"
+
+
+def few_documents(documents: dict[str, int]) -> dict[str, int]:
+    """The domains of `documents` (domain → evaluation documents) with fewer than MIN_DOCUMENTS."""
+    return {domain: n for domain, n in documents.items() if n < MIN_DOCUMENTS}
+
+
+def few_documents_note(documents: dict[str, int]) -> str | None:
+    """The line a printed table adds under intervals over these documents when a domain has too
+    few of them (None when every domain has enough)."""
+    few = few_documents(documents)
+    if not few:
+        return None
+    return (f"not meaningful for {', '.join(few)}: fewer than {MIN_DOCUMENTS} evaluation documents to resample "
+            f"({EVAL_DOCS_REMEDY.format(stream='the stream YAML')})")
+
+
 def scalars() -> dict[str, Callable[[ResultsMatrix], float]]:
     """Headline numbers that get an interval, as functions of a matrix: the registry's entries
     with `interval` (analysis.metrics.METRICS), in registry order."""

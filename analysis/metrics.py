@@ -290,6 +290,8 @@ class Metric:
     needs_run         `fn` reads the curves, so it takes the RunResults: `summary` of a bare
                       ResultsMatrix leaves the entry out, and the bootstrap (which redraws matrices) cannot
                       give it an interval
+    needs             what it is undefined (NaN) without, in a few words: printed tables say
+                      `n/a (needs <needs>)` instead of `nan` (`undefined_text`)
     """
 
     name: str
@@ -300,6 +302,7 @@ class Metric:
     kind: str
     column: str | None = None
     needs_run: bool = False
+    needs: str = "a measured row"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -311,6 +314,11 @@ class Metric:
     @property
     def column_label(self) -> str:
         return self.column if self.column is not None else self.label
+
+    @property
+    def undefined_text(self) -> str:
+        """What a table prints for this metric where it is NaN, e.g. on a stream too short for it."""
+        return f"n/a (needs {self.needs})"
 
     @property
     def signed(self) -> bool:
@@ -345,29 +353,35 @@ def _registry(*entries: Metric) -> dict[str, Metric]:
     return {m.name: m for m in entries}
 
 
+# Why forgetting and backward transfer can be undefined: a one-experience stream, or a domain
+# trained only by the last experience.
+TRAINED_BEFORE_LAST = "a domain trained before the last experience"
+
 # In `summary`'s order (comparison.json, trials.csv and the report's summary table keep it); a new
 # entry shows up in all of them and in `clp run`'s printed summary (after the HEADLINE numbers).
 METRICS: dict[str, Metric] = _registry(
     Metric("average_final", average_score, "average final loss", higher_is_better=False, interval=True,
            kind="level", column="final average loss"),
     Metric("average_forgetting", average_forgetting, "average forgetting", higher_is_better=False, interval=True,
-           kind="change"),
+           kind="change", needs=TRAINED_BEFORE_LAST),
     Metric("backward_transfer", backward_transfer, "backward transfer", higher_is_better=True, interval=False,
-           kind="change"),
+           kind="change", needs=TRAINED_BEFORE_LAST),
     Metric("forward_transfer", forward_transfer, "forward transfer", higher_is_better=True, interval=False,
-           kind="change"),
-    Metric("plasticity", plasticity, "plasticity", higher_is_better=True, interval=False, kind="change"),
+           kind="change", needs="a domain first trained after experience 1"),
+    Metric("plasticity", plasticity, "plasticity", higher_is_better=True, interval=False, kind="change",
+           needs="a finished experience"),
     Metric("adaptation_gain", adaptation_gain, "adaptation gain (vs row 0)", higher_is_better=True, interval=True,
-           kind="change", column="adaptation gain"),
+           kind="change", column="adaptation gain", needs="a finished experience"),
     # The mean fraction of an experience's adaptation gain left two experiences later.
     Metric("retention_after_2", partial(retention_after, k=2), "gain left 2 experiences later",
-           higher_is_better=True, interval=True, kind="fraction", column="retention after 2"),
+           higher_is_better=True, interval=True, kind="fraction", column="retention after 2",
+           needs="≥ 3 experiences and a gain to retain"),
     Metric("average_forgetting_including_row0", average_forgetting_including_row0, "forgetting from best incl. row 0",
-           higher_is_better=False, interval=True, kind="change"),
+           higher_is_better=False, interval=True, kind="change", needs=TRAINED_BEFORE_LAST),
     # The only metric of the curves, not of the matrix: its fn takes the RunResults (needs_run), and
     # `summary` of a bare matrix has no such entry.
     Metric("area_under_curve", mean_area_under_learning_curves, "area under forgetting curves",
-           higher_is_better=False, interval=False, kind="level", needs_run=True),
+           higher_is_better=False, interval=False, kind="level", needs_run=True, needs="forgetting curves"),
 )
 
 # `clp run` prints these first, in this order; then every other entry in registry order.

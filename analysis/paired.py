@@ -11,6 +11,7 @@ report print the same cells from `comparison.json`'s entries.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 Cell = tuple[float, float, float]
@@ -55,8 +56,12 @@ def fraction_cells(row: dict[str, Any], within: bool) -> dict[str, Cell]:
 
 
 def percent_cell(c: Cell) -> str:
-    """A fraction cell as printed: `58.0 % [43.0, 73.0]`."""
-    return f"{100 * c[0]:.1f} % [{100 * c[1]:.1f}, {100 * c[2]:.1f}]"
+    """A fraction cell as printed: `58.0 % [43.0, 73.0]` (`n/a` for a fraction of nothing, `[n/a]` for
+    an interval over one pair)."""
+    if math.isnan(c[0]):
+        return "n/a"
+    ends = "[n/a]" if math.isnan(c[1]) or math.isnan(c[2]) else f"[{100 * c[1]:.1f}, {100 * c[2]:.1f}]"
+    return f"{100 * c[0]:.1f} % {ends}"
 
 
 def interval_label(entries: dict[str, dict[str, Any]], bases: int) -> str:

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics, paired, report_plots
+from analysis.bootstrap import few_documents_note
 from analysis.report_document import Image, Paragraph, Section, Table, num
 from analysis.report_inputs import ComparisonInput, RunInput
+from analysis.table import ONE_SEED, interval
 from analysis.report_run import boundaries
 
 
@@ -32,11 +34,14 @@ def columns() -> dict[str, tuple[str, bool]]:
     return {m.name: (m.column_label, m.signed) for m in metrics.comparison_columns()}
 
 
-def mean_std(stat: dict[str, Any] | None, digits: int = 4, sign: bool = False) -> str:
-    """`mean ± std` as a cell; std is NaN ('–') with one seed."""
+def mean_std(stat: dict[str, Any] | None, digits: int = 4, sign: bool = False, undefined: str = "n/a") -> str:
+    """`mean ± std` as a cell; `undefined` where the metric has no value (e.g. retention 2
+    experiences later on a 2-experience stream), `n/a (1 seed)` for the std of one seed."""
     if not isinstance(stat, dict) or not isinstance(stat.get("mean"), (int, float)) or math.isnan(stat["mean"]):
-        return "–"  # not measured (e.g. retention 2 experiences later in a 2-experience stream)
-    return f"{num(stat.get('mean'), digits, sign)} ± {num(stat.get('std'), digits)}"
+        return undefined
+    std = stat.get("std")
+    spread = ONE_SEED if not isinstance(std, (int, float)) or math.isnan(std) else num(std, digits)
+    return f"{num(stat.get('mean'), digits, sign)} ± {spread}"
 
 
 def mean_curve(runs: list[RunInput], domain: str) -> list[tuple[int, float]]:
@@ -59,18 +64,25 @@ def comparison_sections(comp: ComparisonInput) -> list[Section]:
     rows = []
     for entry, row in entries.items():
         rows.append([entry, str(row.get("mode")), str(row.get("strategy")), ", ".join(map(str, row.get("seeds", []))),
-                     *[mean_std(row.get(key), sign=signed) for key, (_, signed) in table.items()],
+                     *[mean_std(row.get(key), sign=signed, undefined=metrics.METRICS[key].undefined_text)
+                       for key, (_, signed) in table.items()],
                      mean_std(row.get("final_perplexity"), 2),
-                     f"{num(row.get('relative_compute'), 2)}x", str(row.get("state_bytes")),
+                     f"{num(row.get('relative_compute'), 2)}x",
+                     "n/a (no checkpoint kept)" if row.get("state_bytes") is None else str(row["state_bytes"]),
                      str(row.get("stored_tokens", "–"))])  # older comparison.json files lack it
     heads = ["entry", "mode", "strategy", "seeds", *[label for label, _ in table.values()], "final perplexity",
              "relative compute", "state bytes", "training tokens kept"]
     blocks: list = [
-        Paragraph(f"Folder: {comp.path}. Seeds {seeds}; every cell is mean ± std over seeds (sample std; '–' with "
+        Paragraph(f"Folder: {comp.path}. Seeds {seeds}; every cell is mean ± std over seeds (sample std; n/a with "
                   "one seed), loss in nats; compute = train + eval time relative to the first entry of the same mode."),
         Table("comparison-table", heads, rows, "strategies × metrics (comparison.json)"),
     ]
     blocks += paired_blocks(entries, len(comp.data.get("base_seeds") or []))
+    runs = [run for members in comp.members.values() for run in members]
+    if runs and paired.paired_rows(entries) and paired.is_within(entries):  # intervals over these documents
+        note = few_documents_note({d: len(docs) for d, docs in runs[0].results.doc_losses.get("0", {}).items()})
+        if note is not None:
+            blocks.append(Paragraph(f"Intervals {note}.", note=True))
     if comp.missing:
         blocks.append(Paragraph(f"Member run folders not found (their curves are left out): {', '.join(comp.missing)}",
                                 note=True))
@@ -98,13 +110,15 @@ def paired_blocks(entries: dict[str, dict[str, Any]], bases: int) -> list:
     table = columns()
 
     def cell(c: tuple[float, float, float] | None) -> str:
-        return "–" if c is None else f"{num(c[0], 4, True)} [{num(c[1], 3, True)}, {num(c[2], 3, True)}]"
+        if c is None or math.isnan(c[0]):
+            return "n/a"
+        return f"{num(c[0], 4, True)} {interval(c[1], c[2], '+.3f')}"
 
     out = []
     for entry, row in rows:
         diff, frac = paired.difference_cells(row, within), paired.fraction_cells(row, within)
         out.append([entry, *[cell(diff.get(key)) for key in table],
-                    *[paired.percent_cell(frac[name]) if name in frac else "–" for name in paired.FRACTIONS]])
+                    *[paired.percent_cell(frac[name]) if name in frac else "n/a" for name in paired.FRACTIONS]])
     heads = ["entry", *[f"Δ {label}" for label, _ in table.values()], *paired.FRACTIONS.values()]
     fixed = f"; the fractions' interval holds {first}'s value fixed" if within else ""
     return [Paragraph(f"Against {first}, member by member (same base, order and seed): Δ = entry − {first}; "

@@ -9,7 +9,7 @@
                  (TensorBoard `fwpkm/<layer>/...`), and the slots each domain owns (strategy.json)
     slots, gate  what the slots hold and when the gate opens, when the run recorded them
                  (`cl.inspect`: analysis/report_inspect.py)
-    tensorboard  the command that opens the run's TensorBoard
+    tensorboard  the command that opens TensorBoard on the run's folder of runs
 
 Every number comes from results.json (or, for memory statistics, which only TensorBoard holds, from
 the run's event files): the matrix in TensorBoard (`results/<domain>/loss`) and the curves
@@ -149,8 +149,13 @@ def matrix_section(run: RunInput, prefix: str) -> Section:
 # --- derived metrics ------------------------------------------------------------------------------
 def metrics_section(run: RunInput, prefix: str) -> Section:
     summary = metrics.summary(run.results)
-    rows = [[name, num(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)]
-            for name, value in summary.items()]
+
+    def shown(name: str, value: Any) -> str:
+        if name in metrics.METRICS and isinstance(value, float) and math.isnan(value):
+            return metrics.METRICS[name].undefined_text  # e.g. retention 2 experiences later on 2 domains
+        return num(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+    rows = [[name, shown(name, value)] for name, value in summary.items()]
     matrix = run.results.matrix
     gains = metrics.adaptation_gain_per_experience(matrix)
     plasticity = metrics.plasticity_per_experience(matrix)
@@ -275,7 +280,11 @@ def memory_section(run: RunInput, prefix: str) -> Section | None:
 def tensorboard_section(run: RunInput, prefix: str) -> Section | None:
     if run.tensorboard is None:
         return None
+    # Pointed at the folder of run folders, TensorBoard names each run by its folder
+    # (`<run folder>/tensorboard`); pointed at the run's own tensorboard/ it would call it '.'.
+    folder = run.path.resolve()
     blocks = [Paragraph("The same numbers, step by step (results/<domain>/loss: the matrix rows; "
-                        "eval/<domain>/loss: the curves; fwpkm/<layer>/...: memory statistics):"),
-              Code(f"tensorboard --logdir {run.tensorboard}", "bash")]
+                        "eval/<domain>/loss: the curves; fwpkm/<layer>/...: memory statistics), this run "
+                        f"under the name {folder.name}/tensorboard beside the other runs of its folder:"),
+              Code(f"tensorboard --logdir {shown_path(folder.parent)}", "bash")]
     return Section(f"{prefix}-tensorboard", "TensorBoard", blocks, level=3)

@@ -7,11 +7,32 @@
 
 `*` marks the domain the row's experience trained; `-` marks a cell not measured (a run killed
 part-way).
+
+Every printed table formats its numbers through `number` and `interval`, so that a number that does
+not exist (a metric undefined on a short stream, a spread over one seed) reads `n/a (why)`, never
+`nan`; results.json keeps the NaN.
 """
 
 import math
 
 from cl_platform.results import ResultsMatrix, RunResults
+
+# A spread (std, t-interval) over one seed does not exist.
+ONE_SEED = "n/a (1 seed)"
+
+
+def number(value: float | None, spec: str = "+.4f", undefined: str = "n/a") -> str:
+    """`value` formatted by `spec`, or `undefined` where there is none (None, NaN)."""
+    if value is None or math.isnan(value):
+        return undefined
+    return format(value, spec)
+
+
+def interval(low: float | None, high: float | None, spec: str = "+.4f", undefined: str = "n/a") -> str:
+    """`[low, high]`, or `[undefined]` where an end is missing."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return f"[{undefined}]"
+    return f"[{low:{spec}}, {high:{spec}}]"
 
 
 def format_table(results: ResultsMatrix | RunResults, precision: int = 3) -> str:

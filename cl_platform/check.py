@@ -15,6 +15,7 @@ positive int`), so the same check serves Python users and YAML / command-line us
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 import math
@@ -132,6 +133,16 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a {what} must be a mapping of fields, got {type(data).__name__}")
     return data
+
+
+def split_overrides(overrides: Sequence[str], cls: type) -> tuple[list[str], list[str]]:
+    """(`key=value` overrides of dataclass `cls`'s fields, the rest): a comparison's or a sweep's
+    own fields, and the run-config overrides its members all get (`runs_root=DIR`). A key's first
+    dotted step decides; a name both have (`name`) is the file's."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    # An item without '=' stays the file's, whose loader names it (expected key=value).
+    mine = [o for o in overrides if "=" not in str(o) or str(o).partition("=")[0].split(".", 1)[0] in own]
+    return mine, [o for o in overrides if o not in mine]
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], what: str) -> dict[str, Any]:

@@ -12,7 +12,8 @@ so at every moment at least one complete checkpoint is on disk (a kill between t
 leaves only `prev.ckpt`), and a newest file that was damaged after it was written (a full disk
 elsewhere, a bad copy, a truncated transfer) falls back to the previous one (`load_latest`), which
 moves the damaged file aside (`last.ckpt.unreadable`) so that the next rotation keeps the good
-`prev.ckpt` instead of it.
+`prev.ckpt` instead of it. Once a run has finished it needs neither for resuming: it keeps what
+`cl.keep_checkpoints` says (`keep_after_run`; by default `last.ckpt` alone).
 """
 
 from __future__ import annotations
@@ -72,6 +73,20 @@ def save_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any, 
     data = {"format": FORMAT, "kind": kind, "model_config": model_config_dict(model_config), **payload}
     atomic_write(path, lambda f: torch.save(data, f), binary=True,
                  keep_previous=previous_path(path) if keep_previous else None)
+
+
+def keep_after_run(path: str | os.PathLike[str], keep: str) -> None:
+    """A finished run's checkpoints, as `cl.keep_checkpoints` says: "final" keeps `path` (the
+    checkpoint of the end), "all" also the one before it, "none" neither (and the emptied folder).
+    Call only once the results are final: until then a run needs both (resume, fallback)."""
+    path = Path(path)
+    if keep == "all":
+        return
+    previous_path(path).unlink(missing_ok=True)
+    if keep == "none":
+        path.unlink(missing_ok=True)
+        if path.parent.is_dir() and not any(path.parent.iterdir()):
+            path.parent.rmdir()
 
 
 def load_latest(path: str | os.PathLike[str], kind: str, model_config: Any | None = None,

@@ -126,6 +126,8 @@ class PretrainConfig:
 
 # Used by the outer optimiser only: in 'fast' mode nothing reads them.
 FINETUNE_ONLY = ("lr", "weight_decay", "grad_clip")
+# What a finished run keeps of its checkpoints (CLConfig.keep_checkpoints, cl_platform/checkpoint.py).
+KeepCheckpoints = typing.Literal["final", "all", "none"]
 
 
 @dataclass
@@ -136,6 +138,10 @@ class CLConfig:
     over from domain to domain. mode 'finetune': slow weights trained too (AdamW, constant lr),
     fast weights active, memory carried over. The memory writes by `fwpkm` (per layer:
     `fwpkm_by_layer`), whatever the base was pretrained with.
+
+    keep_checkpoints: what a finished run keeps in checkpoints/ — "final" (default) last.ckpt alone,
+    "all" last.ckpt and prev.ckpt (as a running run keeps them), "none" nothing. A running, killed
+    or preempted run always keeps both, so --resume is unaffected; not part of the run's identity.
     """
 
     mode: Mode = "fast"
@@ -165,9 +171,16 @@ class CLConfig:
     # Record what the slots hold and the gate per token into run_dir/inspect/ (bounded in size:
     # cl_platform/memory_recorder.py) for `clp report`; reads what the layers compute, changes nothing.
     inspect: bool = False
+    # The checkpoints a finished run keeps in checkpoints/: "final" only the last one (last.ckpt:
+    # model, fast weights, optimiser and strategy state at the end of the stream); "all" also the
+    # one before it (prev.ckpt), the fallback a running run keeps; "none" neither (results.json,
+    # run.json and TensorBoard stay; `clp compare` then cannot size the strategy's state). Until
+    # the last row is measured a run keeps both, whatever this says: a kill loses no finished work
+    # and --resume works as ever.
+    keep_checkpoints: KeepCheckpoints = "final"
 
     # Fields that change when and how progress is reported and saved, never the results.
-    REPORTING: typing.ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every", "inspect")
+    REPORTING: typing.ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every", "inspect", "keep_checkpoints")
 
     def __post_init__(self) -> None:
         check(self.mode in typing.get_args(Mode), self, "mode", f"is not one of {list(typing.get_args(Mode))}")
@@ -182,6 +195,8 @@ class CLConfig:
         for name in ("weight_decay", "grad_clip"):
             check(is_number(getattr(self, name), 0.0), self, name, "must be a finite number >= 0")
         check(isinstance(self.inspect, bool), self, "inspect", "must be true or false")
+        check(self.keep_checkpoints in typing.get_args(KeepCheckpoints), self, "keep_checkpoints",
+              f"is not one of {list(typing.get_args(KeepCheckpoints))}")
         check(isinstance(self.fwpkm, WriteRule), self, "fwpkm", "must be a WriteRule")
         check(isinstance(self.fwpkm_by_layer, dict) and all(isinstance(r, WriteRule) for r in self.fwpkm_by_layer.values()),
               self, "fwpkm_by_layer", "must map layer names (fwpkm<index>) to write rules")
@@ -277,11 +292,14 @@ class RunConfig:
 
 
 # --- loading --------------------------------------------------------------------------------------
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+def load_config(path: str | Path, overrides: Sequence[str] = (),
+                pretrain_defaults: dict[str, Any] | None = None) -> RunConfig:
     """Read a run YAML, apply dotted `key=value` overrides, resolve defaults and paths, validate.
 
     Errors name the file (or the override) and the field; `stream` and `base_checkpoint` come
-    back absolute.
+    back absolute. `pretrain_defaults`: `pretrain` fields that replace the built-in defaults (a
+    named base's settings, experiments/base_record.py); the file and the command line still
+    override them, and the run's checks refuse what then contradicts the base.
     """
     from omegaconf import OmegaConf
 
@@ -295,13 +313,13 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     if bad:
         raise ConfigError(f"command-line override {bad[0]!r}: expected key=value, e.g. cl.fwpkm.lr_values=0.3")
     try:
-        return _resolve(raw, cli, path)
+        return _resolve(raw, cli, path, pretrain_defaults or {})
     except ConfigError as err:
         where = "command line" if _names_override(err, cli) else str(path)
         raise ConfigError(f"{where}: {err}", field=err.field) from None
 
 
-def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
+def _resolve(raw: dict[str, Any], cli: Any, path: Path, pretrain_defaults: dict[str, Any]) -> RunConfig:
     from omegaconf import OmegaConf
 
     if OmegaConf.is_list(cli.get("strategy")) and "strategy" in raw:
@@ -319,6 +337,8 @@ def _resolve(raw: dict[str, Any], cli: Any, path: Path) -> RunConfig:
         raise ConfigError(f"run config field 'model.preset': {preset!r} is not one of {sorted(PRESETS)}",
                           field="model.preset")
     schema = OmegaConf.structured(RunConfig(model=ModelConfig.from_preset(preset)))
+    if pretrain_defaults:
+        schema.pretrain = _typed_merge(schema.pretrain, pretrain_defaults, prefix="pretrain")
     merged = _typed_merge(schema, user)
     # Write-rule defaults follow the tree: cl.fwpkm starts from pretrain.fwpkm, and each
     # cl.fwpkm_by_layer entry from cl.fwpkm, so an override names only what it changes.
@@ -389,6 +409,11 @@ def _typed_merge(schema: Any, user: Any, prefix: str = "") -> Any:
                           f"'{at(parent) or '<root>'}': {valid}", field=at(key)) from None
     except ValidationError as err:
         where = at(err.full_key) or "<root>"
+        if OmegaConf.is_list(err.child_node) and not isinstance(err.value, (list, tuple)):
+            # `order=a,b` reaches a list field as the string 'a,b': a list is written in brackets.
+            raise ConfigError(f"run config field '{where}': expects a list, got {err.value!r}; write a list in "
+                              f"brackets: {where}=[{err.value}] on the command line, [{err.value}] in a YAML file",
+                              field=where) from None
         raise ConfigError(f"run config field '{where}': {_first_line(err)}", field=where) from None
     except OmegaConfBaseException as err:
         full_key = getattr(err, "full_key", None)

@@ -24,8 +24,9 @@ Resume: a checkpoint (`run_dir/checkpoints/last.ckpt`, written atomically, the o
 as `prev.ckpt` for a newest one that cannot be read: cl_platform.checkpoint) holds the model with
 its fast weights, the optimiser state, the strategy state, the data position (experience, segments
 done, whether the experience has started), the run step and the results and curves so far. It is
-written every `cl.checkpoint_every` steps and after every row. A run killed at any moment
-continues from it (`run(resume_from=...)`) and produces the same matrix as an uninterrupted run
+written every `cl.checkpoint_every` steps and after every row; once the last row is measured, the
+run keeps what `cl.keep_checkpoints` says (by default the final checkpoint alone). A run killed
+at any moment continues from it (`run(resume_from=...)`) and produces the same matrix as an uninterrupted run
 (SIGTERM, a scheduler's preemption, first writes one at the step in progress: cl_platform/preemption.py):
 randomness is reseeded from (seed, step) at every batch, so nothing depends on when the process
 started. The checkpoint also holds the wall seconds spent in each phase (row 0, each experience's
@@ -66,7 +67,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cl_platform.atomic import WriteError, atomic_write_json
 from cl_platform.callbacks import RunCallback, TrainingLogger, log_scalars, mark_restart
-from cl_platform.checkpoint import load_latest, save_checkpoint
+from cl_platform.checkpoint import keep_after_run, load_latest, save_checkpoint
 from cl_platform.config import RunConfig
 from cl_platform.device import HOST, Placement, launch_rank
 from cl_platform.lm_module import LMModule, NonFiniteLossError, OptimSettings, RunPosition, step_seed
@@ -128,6 +129,9 @@ class ContinualRunner:
             versions=package_versions(),
         )
         self.saved_step: int | None = None
+        # (model state, strategy state) of a checkpoint resumed in the middle of an experience,
+        # until that experience's start hook has run again (_start_again).
+        self._mid_experience: tuple[dict, dict] | None = None
         self.sigterm = SigtermWatch()  # installed while run() runs (cl_platform/preemption.py)
         placement = Placement.of(config.cl)
         if placement.world_size > 1:
@@ -207,6 +211,10 @@ class ContinualRunner:
         for cb in self._run_callbacks():
             cb.on_run_end(self)
         self.logger.finalize("success")
+        if self.is_rank_zero:
+            # Every row is in results.json, so the folder reads as complete whatever goes now: a
+            # finished run keeps only what cl.keep_checkpoints asks for (by default the final one).
+            keep_after_run(self.ckpt_path, self.config.cl.keep_checkpoints)
 
     def _set_trainer(self, trainer: L.Trainer) -> None:
         self.trainer = trainer
@@ -260,6 +268,8 @@ class ContinualRunner:
             torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x1)
             self.strategy.on_experience_start(ctx)
             self.position.start_experience()
+        elif self._mid_experience is not None:
+            self._start_again(ctx)
         # The loader shards the experience itself (shard_data=False): a resumed DDP run then reads
         # the rest of the same sharded order (streams/datamodule.py:ResumableSampler).
         trainer = make_trainer(Placement.of(self.config.cl), self._lightning_callbacks, self.logger, self.progress_bar,
@@ -276,6 +286,20 @@ class ContinualRunner:
         finally:
             self.trainer = None
         self._check_ranks_agree(ctx.experience)
+
+    def _start_again(self, ctx: StrategyContext) -> None:
+        """Resumed in the middle of an experience: its start hook runs again (`ctx.resumed`), then
+        the checkpoint's model and strategy state are put back over whatever the hook changed. So
+        what a start hook sets that no checkpoint holds (write rules, writes on or off, attributes
+        it derives from the context) is set as in the uninterrupted run, and what the checkpoint
+        holds (weights, fast memory, slot masks, the strategy's state_dict) is exactly as saved:
+        the natural strategy, which sets things up in on_experience_start, resumes exactly."""
+        model_state, strategy_state = self._mid_experience
+        self._mid_experience = None
+        torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x1)
+        self.strategy.on_experience_start(dataclasses.replace(ctx, resumed=True))
+        self.module.model.load_state_dict(model_state)
+        self.strategy.load_state_dict(strategy_state)
 
     def _check_ranks_agree(self, t: int) -> None:
         """Under DDP every rank must hold the same fast weights (the FwPKM layers sum their writes
@@ -390,5 +414,7 @@ class ContinualRunner:
         self.position.load_state_dict(data["position"])
         self.clock.load_state_dict(data.get("seconds", {}))  # checkpoints made before timings: none
         self.saved_step = self.position.step
+        if self.position.started:  # in the middle of an experience: its start hook runs again (_start_again)
+            self._mid_experience = (data["model"], data["strategy"])
 
 

@@ -94,8 +94,12 @@ class Pretrainer:
         key: str,
         eval_batch_size: int = 16,
         progress_bar: bool = True,
+        stream: dict[str, Any] | None = None,
     ):
+        """`stream`: what a stream read with this base must use (tokenizer, seq_len), kept in the
+        record as `stream` (experiments/base_record.py reads it back)."""
         self.config = config
+        self.stream = stream
         self.data = data
         self.out_dir = Path(out_dir)
         self.key = key
@@ -132,6 +136,8 @@ class Pretrainer:
             # cached base built by other code is found by comparing this (experiments/base.py).
             "code": base_code(),
         }
+        if stream is not None:
+            self.record["stream"] = stream
 
     @property
     def is_rank_zero(self) -> bool:
@@ -261,6 +267,8 @@ class Pretrainer:
         self.module.load_optimizer_state(data["optimizer"])
         self.position.step = data["step"]
         self.record = data["record"]
+        if self.stream is not None:  # a pretraining started before records had it
+            self.record["stream"] = self.stream
 
     # --- data ---------------------------------------------------------------------------------
     def _dataset(self):

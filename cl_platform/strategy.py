@@ -3,7 +3,7 @@
 The LightningModule owns the training loop and calls these hooks; a strategy never runs a loop
 of its own. Order of calls within one experience t:
 
-    on_experience_start(ctx)
+    on_experience_start(ctx)                         # again on resume mid-experience (ctx.resumed)
     for each training batch:
         batch = transform_batch(batch, ctx)          # replay mixes in stored data
         outputs = model(batch)                       # fast-weight writes happen inside forward
@@ -51,6 +51,8 @@ class StrategyContext:
     stream:       the whole stream (`len(stream)`, `stream[i]`: every experience, for replay)
     num_experiences: experiences in the stream (0 where unknown)
     eval_domains: the domains every results row evaluates, in matrix order
+    resumed:      True when `on_experience_start` runs again for an experience a resumed run
+                  continues in its middle (see `Strategy.on_experience_start`)
     The runner fills every field; a strategy that needs `current` or `stream` refuses a context
     without it by name (`require`), instead of failing on an attribute of None.
     """
@@ -64,6 +66,7 @@ class StrategyContext:
     stream: Any = None
     num_experiences: int = 0
     eval_domains: tuple[str, ...] = ()
+    resumed: bool = False
 
     def require(self, name: str, who: str) -> Any:
         """Field `name` (current, stream), which strategy `who` needs: an error naming both if unset."""
@@ -99,7 +102,14 @@ class Strategy:
         runner's setup calls it before any pretraining, so bad input fails at config time."""
 
     def on_experience_start(self, ctx: StrategyContext) -> None:
-        """Before the first training batch of experience `ctx.experience`."""
+        """Before the first training batch of experience `ctx.experience`.
+
+        On resume in the middle of experience t it runs again for t (`ctx.resumed` True), on the
+        model as the checkpoint holds it; then the checkpoint's model and strategy state are loaded
+        over whatever it changed. So set up here what no checkpoint holds (write rules, writes on or
+        off, attributes derived from `ctx`), and keep in `state_dict` what it computes from the
+        model as the experience found it (a snapshot of the memory, a teacher): at resume the model
+        is mid-experience."""
 
     def on_experience_end(self, ctx: StrategyContext) -> None:
         """After the last training batch of the experience, before it is evaluated."""

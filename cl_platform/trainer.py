@@ -10,6 +10,7 @@ and hear about every finished batch through `StepHooks`.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -17,7 +18,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 from torch.utils.data import DataLoader, Subset
 
-from cl_platform.callbacks import ExperienceProgressBar
+from cl_platform.callbacks import ExperienceProgressBar, ProgressLines
 from cl_platform.device import Placement
 
 
@@ -54,14 +55,20 @@ def make_trainer(placement: Placement, callbacks: list, logger: Any, progress_ba
     CPU and NCCL on CUDA; buffers are not broadcast (the FwPKM layers sum their writes over ranks
     themselves, so every rank holds the same memory; broadcasting rank 0's would hide a divergence).
     `shard_data=False` lets every rank read all of its data (evaluations: every rank computes the
-    whole results row, no reduction needed)."""
+    whole results row, no reduction needed). `progress_bar`: training progress, as Lightning's bar
+    when stdout is a terminal and as periodic plain lines (`ProgressLines`) when it is a file."""
     strategy: Any = "auto"
     if placement.world_size > 1:
         from lightning.pytorch.strategies import DDPStrategy
 
         strategy = DDPStrategy(process_group_backend=placement.ddp_backend(), broadcast_buffers=False)
-    if progress_bar:
+    # A bar on a terminal; in a log file (stdout redirected) its carriage returns would make one
+    # endless line, so plain lines instead.
+    bar = progress_bar and sys.stdout.isatty()
+    if bar:
         callbacks = [*callbacks, ExperienceProgressBar()]
+    elif progress_bar:
+        callbacks = [*callbacks, ProgressLines()]
     return L.Trainer(
         accelerator=placement.accelerator,
         devices=placement.devices,
@@ -71,7 +78,7 @@ def make_trainer(placement: Placement, callbacks: list, logger: Any, progress_ba
         logger=logger,
         callbacks=callbacks,
         enable_checkpointing=any(isinstance(c, Checkpoint) for c in callbacks),
-        enable_progress_bar=progress_bar,
+        enable_progress_bar=bar,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         inference_mode=False,  # the `stream` memory policy writes in place during evaluation

@@ -28,10 +28,12 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from cl_platform.atomic import atomic_write
 from cl_platform.checkpoint import CheckpointError, load_checkpoint
 from cl_platform.lm_module import precision_note
 from cl_platform.provenance import base_code, changed_modules
 from experiments.base_probe import PROBE_FILE, probe_difference, write_probe
+from experiments.base_record import SHIPPED_BASES, TOKENIZER_FILE, contradictions, stream_entry
 from experiments.base_probe import TOLERANCE as PROBE_TOLERANCE
 from experiments.setup import Setup, base_key, build_model
 
@@ -42,9 +44,8 @@ def base_dir(setup: Setup, key: str) -> Path:
     return Path(setup.config.runs_root) / f"pretrain-{key[:12]}"
 
 
-# Bases shipped in the repository (experiments/bases/<name>/: base.ckpt, pretrain.json, probe.json):
-# each is a cache entry under its pretraining key, found by any config that pretrains that base.
-SHIPPED_BASES = Path(__file__).resolve().parent / "bases"
+# Bases shipped in the repository (experiments/bases/<name>/: base.ckpt, pretrain.json, probe.json)
+# are each a cache entry under its pretraining key, found by any config that pretrains that base.
 
 
 def ensure_base(setup: Setup, progress_bar: bool = True, say: Callable[[str], None] = print,
@@ -109,7 +110,7 @@ def shipped_base(setup: Setup, key: str, roots: tuple[Path, ...],
                     say(f"base model: shipped {path} has this key but was built by {change} and {why}: not used")
                     continue
                 record = {**record, "probe_difference": diff}
-                note = f"; built by {change}, the same function on its probe ({diff:.1e} nats)"
+                note = f"; {same_function_words(record)}"
             say(f"base model: shipped {path} (pretraining key {key[:12]}{note}; {describe(record)})")
             return path, record, True, data["model"]
     return None
@@ -138,8 +139,7 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
         diff = checked_probe_difference(out, data["model"], setup)
         if diff is not None and diff <= PROBE_TOLERANCE:
             record = {**data["record"], "probe_difference": diff}
-            say(f"base model: cached {base} (built by {change}, the same function on its probe ({diff:.1e} nats); "
-                f"{describe(record)})")
+            say(f"base model: cached {base} ({same_function_words(record)}; {describe(record)})")
             return base, record, True, data["model"]
     found = shipped_base(setup, key, shipped, say)
     if found is not None:
@@ -177,10 +177,14 @@ def _ensure_base(setup: Setup, progress_bar: bool, say: Callable[[str], None],
         key=key,
         eval_batch_size=cfg.cl.eval_batch_size,
         progress_bar=progress_bar,
+        stream=stream_entry(setup.scenario.tokenizer, setup.scenario.config.seq_len),
     )
     record = pretrainer.run()
     if pretrainer.is_rank_zero:  # data parallel: the other ranks hold the same weights and write nothing
         write_probe(out, model.state_dict(), setup.model_config, cfg.pretrain.fwpkm)  # lets other code check it, once given
+        # The tokenizer travels with the base: a stream read with it takes this file.
+        raw = setup.scenario.tokenizer.raw_json
+        atomic_write(out / TOKENIZER_FILE, lambda f: f.write(raw), binary=True)
     say(f"base model: {base} ({describe(record)})")
     return base, record, False, model.state_dict()
 
@@ -223,7 +227,7 @@ def given_base(setup: Setup, say: Callable[[str], None], reuse_stale: bool = Fal
         same = diff is not None and diff <= PROBE_TOLERANCE
         record = {**record, "probe_difference": diff}
         if same:
-            note = f"; built by {change}, the same function on its probe ({diff:.1e} nats)"
+            note = f"; {same_function_words(record)}"
         elif reuse_stale:
             note = f"; built by {change}, used anyway ({REUSE_FLAG})"
         else:
@@ -241,28 +245,12 @@ def check_pretrain_settings(path: Path, record: dict, setup: Setup) -> None:
     of another seed or schedule is refused, naming the fields, instead of standing in silently for
     the one the config names. Reporting fields (log_every, ...) and where it ran (accelerator) do
     not change a base and are not compared; a record without settings (a base made by other tools) is not checked."""
-    import dataclasses
-
-    from cl_platform.config import PretrainConfig
-
-    theirs = record.get("config")
-    if not isinstance(theirs, dict):
-        return
-    ours = dataclasses.asdict(setup.config.pretrain)
-    differ = [f"pretrain.{k} is {json_text(theirs.get(k))} in the checkpoint, {json_text(v)} in this run"
-              for k, v in ours.items()
-              if k not in PretrainConfig.REPORTING + PretrainConfig.PLACEMENT and k in theirs and theirs[k] != v]
+    differ = contradictions(record.get("config"), setup.config.pretrain)
     if differ:
         raise CheckpointError(f"checkpoint {path} was pretrained with other settings than this run's pretrain "
                               f"section: {'; '.join(differ)}. Point base_checkpoint at the base of these settings "
-                              "(a path may name the seed: ../bases/reference-s${pretrain.seed}/base.ckpt), or "
-                              "copy the base's settings (its pretrain.json) into the config")
-
-
-def json_text(value: Any) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True)
+                              "(a shipped name may name the seed: reference-s${pretrain.seed}), or remove these "
+                              "fields from the config: a named base brings its own")
 
 
 def code_change(record: dict) -> str | None:
@@ -273,6 +261,16 @@ def code_change(record: dict) -> str | None:
     if not changed:
         return None
     return f"other code ({', '.join(changed)} differ{'s' if len(changed) == 1 else ''})"
+
+
+def same_function_words(record: dict) -> str:
+    """Why a base built by other code is used, in plain words: this code reproduces its probe
+    (experiments/base_probe.py). run.json names the files that changed (`base.changed_modules`)."""
+    changed = changed_modules(record.get("code"), base_code())
+    since = ("it was made before bases recorded their code" if changed is None else
+             f"the code has changed in {len(changed)} file{'' if len(changed) == 1 else 's'} since it was built")
+    tolerance = f"{PROBE_TOLERANCE:.0e}".replace("e-0", "e-")  # 1e-4
+    return f"{since}, and this code computes the same function with it: its probe reproduces within {tolerance} nats"
 
 
 def move_aside(out: Path, record: dict) -> Path:

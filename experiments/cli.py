@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -45,7 +46,7 @@ from typing import Any, Callable
 
 def seed_list(flag: str) -> Callable[[str], list[int]]:
     def parse(text: str) -> list[int]:
-        from experiments.studies.study import parse_seeds
+        from experiments.config_files import parse_seeds
 
         return parse_seeds(text, flag)
     return parse
@@ -253,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     del args.command_row
     from cl_platform.preemption import EXIT_CODE, RunPreempted
 
+    if not sys.stderr.isatty():
+        # In a log file a bar's carriage returns make one endless line: HF datasets' bars (building
+        # a stream cache) are off; training prints plain lines instead of its bar (cl_platform/trainer.py).
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     try:
         return dispatch(cmd, args)
     except RunPreempted as err:  # not an error: the scheduler's requeue runs the same command with --resume

@@ -64,6 +64,7 @@ def execute(
     cfg = setup.config
     if is_child_rank():
         say = _silent
+    warn_few_documents(setup, say)
     # Identity needs the base's key, not its weights: a finished run is found without pretraining.
     weights = base = None
     if cfg.base_checkpoint is None:
@@ -154,6 +155,20 @@ def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | Non
     return folder, results, runner
 
 
+def warn_few_documents(setup: Setup, say: Callable[[str], None]) -> None:
+    """One line per domain whose evaluated split holds too few documents for the document bootstrap
+    (the printed intervals) to mean anything: an interval over one document has zero width."""
+    from analysis.bootstrap import EVAL_DOCS_REMEDY, MIN_DOCUMENTS
+
+    split = setup.config.cl.eval_split
+    for name in setup.scenario.eval_domains:
+        n = setup.scenario.domains[name].splits[split].n_docs
+        if n < MIN_DOCUMENTS:
+            say(f"warning: domain {name!r} has {n} {split} document{'' if n == 1 else 's'}, too few for its "
+                f"intervals to mean anything (fewer than {MIN_DOCUMENTS}); "
+                + EVAL_DOCS_REMEDY.format(stream=setup.config.stream))
+
+
 def memory_recorder(setup: Setup):
     """`cl.inspect`'s recorder, with the tokenizer's text of each id and the base model's
     pretraining token counts (what is frequent or rare for the slow weights)."""
@@ -179,8 +194,9 @@ def perplexity_matrix(matrix: ResultsMatrix) -> ResultsMatrix:
 
 
 def report(folder: Path, results: RunResults) -> str:
+    from analysis.bootstrap import few_documents, few_documents_note
     from analysis.metrics import report_order, summary
-    from analysis.table import format_table
+    from analysis.table import format_table, interval
 
     s = summary(results)
     lines = [
@@ -197,17 +213,30 @@ def report(folder: Path, results: RunResults) -> str:
     for metric in report_order():  # the registry (analysis.metrics.METRICS), headline numbers first
         key, label = metric.name, metric.label
         value = s.get(key, math.nan)
+        if math.isnan(value):  # e.g. retention 2 experiences later on a 2-domain stream
+            lines.append(f"  {label:<34} {metric.undefined_text}")
+            continue
         extra = f"  (ppl {math.exp(value):.1f})" if key == "average_final" else ""
         if ci is not None and key in ci["metrics"]:
-            extra += f"  [{ci['metrics'][key]['low']:+.4f}, {ci['metrics'][key]['high']:+.4f}]"
+            extra += "  " + interval(ci["metrics"][key]["low"], ci["metrics"][key]["high"])
         lines.append(f"  {label:<34} {value:+.4f}{extra}")
     if ci is not None:
-        gains = "  ".join(f"{t} {d} {g['value']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]" for t, (d, g) in
+        few = few_documents(ci["documents"])
+
+        def gain(domain: str, g: dict) -> str:
+            if domain in few:  # a resample of one or two documents: its interval means nothing
+                n = few[domain]
+                return f"{g['value']:+.4f} [n/a: {n} document{'' if n == 1 else 's'}]"
+            return f"{g['value']:+.4f} {interval(g['low'], g['high'])}"
+
+        gains = "  ".join(f"{t} {d} {gain(d, g)}" for t, (d, g) in
                           enumerate(zip(results.matrix.experiences, ci["adaptation_gain_per_experience"]), start=1))
         docs = ", ".join(f"{d} {n}" for d, n in ci["documents"].items())
         lines += [f"  [low, high]: {ci['level']:.0%} intervals, paired bootstrap over evaluation documents ({docs}; "
-                  f"{ci['samples']} draws); base-to-base spread not included (--base-seeds)",
-                  f"  adaptation gain per experience: {gains}"]
+                  f"{ci['samples']} draws); base-to-base spread not included (--base-seeds)"]
+        if few:
+            lines.append(f"  {few_documents_note(ci['documents'])}")
+        lines.append(f"  adaptation gain per experience: {gains}")
     speed = _gain_speed(results)
     if speed:
         lines.append(f"  steps into each experience until half / 90% of its final gain (forgetting-curve segments): {speed}")
@@ -217,9 +246,14 @@ def report(folder: Path, results: RunResults) -> str:
         "  config.yaml          resolved configuration (run.json: its hash and data fingerprints, code,",
         "                       versions, machine, the base used, wall seconds per phase)",
         "  results.json         results matrix, forgetting curves, seed, mode, memory policy, versions",
-        "  checkpoints/last.ckpt  model, fast weights, optimiser, strategy, data position",
+        *(["  checkpoints/last.ckpt  model, fast weights, optimiser, strategy state at the end (cl.keep_checkpoints)"]
+          if (folder / "checkpoints" / "last.ckpt").is_file() else []),
         "  tensorboard/         curves eval/<domain>/loss, training losses, FwPKM statistics, matrix heatmap, hparams",
-        f"TensorBoard: tensorboard --logdir {folder / 'tensorboard'}",
+        # TensorBoard names a run by the path of its event folder under --logdir: pointed at the
+        # folder of run folders, this run is `<run folder name>/tensorboard` (pointed at the run's
+        # own tensorboard/ it would be '.'), beside every other run there.
+        f"TensorBoard: tensorboard --logdir {folder.parent}   (this run: {folder.name}/tensorboard)",
+        f"report: clp report {folder}   (HTML + Markdown into {folder / 'report'}/)",
     ]
     return "\n".join(lines)
 

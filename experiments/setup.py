@@ -57,8 +57,10 @@ def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
     """Read the run config (with dotted overrides) and build its stream; errors name file and field."""
     from streams import build_stream, load_stream_config
 
+    from experiments.base_record import fit_stream
+
     path = Path(config_path)
-    cfg = load_config(path, overrides)
+    cfg, base = load_run_config(path, overrides)
     # Where the phases run and write, before any data is built or read: a GPU this machine lacks,
     # a multi-node launch without its launcher, a runs root that takes no files: named here,
     # with nothing written.
@@ -79,6 +81,10 @@ def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
             stream_cfg = dataclasses.replace(stream_cfg, order=list(cfg.order))
         except ValueError as err:
             raise ConfigError(f"{path}: run config field 'order': {err}") from None
+    try:
+        stream_cfg = fit_stream(stream_cfg, base, cfg.stream)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: run config field 'stream': {err}", field="stream") from None
     scenario = build_stream(stream_cfg)
     if cfg.cl.eval_split != "eval":
         missing = [name for name, d in scenario.domains.items() if not d.splits[cfg.cl.eval_split].n_docs]
@@ -87,6 +93,33 @@ def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
                               f"{missing} have none; set token_budget.{cfg.cl.eval_split} in {cfg.stream}")
     model_config = dataclasses.replace(cfg.model, vocab_size=scenario.tokenizer.vocab_size)
     return Setup(cfg, path, scenario, model_config)
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[RunConfig, Any]:
+    """The run config, with the `pretrain:` section of the base it names (if any) under the file's
+    and the command line's values, and that base's record (experiments/base_record.BaseRecord,
+    or None when the config names no base). Reads no stream."""
+    from experiments.base_record import contradictions, read_base
+
+    path = Path(path)
+    cfg = load_config(path, overrides)
+    if cfg.base_checkpoint is None:
+        return cfg, None
+    # A named base brings its pretraining settings; its tokenizer and segment length are applied
+    # to the stream by load_setup. A field the file or the command line sets that contradicts the
+    # base is refused here, naming the field, before any data is read (and again, against the
+    # checkpoint's own record, when the base is loaded: experiments/base.py).
+    try:
+        base = read_base(cfg.base_checkpoint)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}", field=err.field) from None
+    cfg = load_config(path, overrides, pretrain_defaults=base.settings)
+    differ = contradictions(base.settings, cfg.pretrain)
+    if differ:
+        raise ConfigError(f"{path}: the base {base.path} was pretrained with other settings than this run's pretrain "
+                          f"section: {'; '.join(differ)}. Remove these fields (a named base brings its own), or "
+                          f"name the base of these settings in base_checkpoint", field="pretrain")
+    return dataclasses.replace(cfg, base_checkpoint=str(base.path)), base
 
 
 def build_model(model_config: ModelConfig, seed: int, rule: WriteRule | None = None) -> FwPKMLM:

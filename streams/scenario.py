@@ -125,6 +125,7 @@ def build_stream(config: StreamConfig | str | Path, tokenizer: Tokenizer | None 
     """Load (cached), validate, tokenise, split and pack every domain; build the scenario."""
     if not isinstance(config, StreamConfig):
         config = load_stream_config(config)
+    config = config.resolved()
     if tokenizer is None:
         tokenizer = load_tokenizer(config.tokenizer)
     return DomainScenario(config, tokenizer, load_domains(config, tokenizer))

@@ -75,7 +75,7 @@ def main(config: str, overrides: Sequence[str] = ()) -> int:
     from streams.stream import load_domains, load_stream_config
     from streams.tokenizer import load_tokenizer
 
-    cfg = load_stream_config(config, overrides)
+    cfg = load_stream_config(config, overrides).resolved()
     tokenizer = load_tokenizer(cfg.tokenizer)
     t0 = time.perf_counter()
     domains = load_domains(cfg, tokenizer)

@@ -16,7 +16,7 @@ when the config is built.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,6 +30,9 @@ from streams.splits import SplitPlan, TokenBudget, adapt_part_name, plan_splits
 from streams.tokenizer import Tokenizer, load_tokenizer
 
 
+DEFAULT_SEQ_LEN = 512  # a stream's segment length when neither it nor a base names one
+
+
 def default_cache_dir() -> Path:
     """`$CLP_CACHE`, else `~/.cache/cl_platform`."""
     return Path(os.environ.get("CLP_CACHE") or Path.home() / ".cache" / "cl_platform").expanduser()
@@ -41,10 +44,15 @@ class StreamConfig:
 
     domains: list[DomainConfig]
     order: list[str] | None = None  # domain names, repeats allowed; None = each domain once, as listed
-    seq_len: int = 512  # tokens per segment (each segment holds seq_len + 1 for the shifted targets)
+    # Tokens per segment (each segment holds seq_len + 1 for the shifted targets). None: the base's
+    # when a run reads the stream with a base (experiments/setup.py), else DEFAULT_SEQ_LEN; a built
+    # stream (`resolved()`, build_stream, load_domains) always holds a number.
+    seq_len: int | None = None
     token_budget: TokenBudget = field(default_factory=TokenBudget)  # default for domains without their own
     seed: int = 0  # document-level splits
-    tokenizer: str | None = None  # path to a tokenizer.json; None = the shipped one
+    # Path to a tokenizer.json. None: the base's when a run reads the stream with a base, else the
+    # shipped one (streams/assets/tokenizer.json).
+    tokenizer: str | None = None
     # Recall episodes in every pretraining split (streams/retrieval.py); off by default.
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     cache_dir: str | None = None  # None = default_cache_dir()
@@ -65,14 +73,19 @@ class StreamConfig:
             for i, name in enumerate(self.order):
                 if name not in seen:
                     raise ValueError(f"order[{i}]: unknown domain {name!r}; configured domains: {sorted(seen)}")
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 2:
-            raise ValueError(f"seq_len must be an int >= 2, got {self.seq_len!r}")
+        if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int)
+                                         or self.seq_len < 2):
+            raise ValueError(f"seq_len must be an int >= 2 (or omitted), got {self.seq_len!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.token_budget, TokenBudget):
             raise ValueError("token_budget must be a TokenBudget")
         if not isinstance(self.retrieval, RetrievalConfig):
             raise ValueError("retrieval must be a mapping {fraction, facts, min_distance, attributes, form}")
+
+    def resolved(self) -> "StreamConfig":
+        """This config with an unset `seq_len` at its default: what a stream is built from."""
+        return self if self.seq_len is not None else replace(self, seq_len=DEFAULT_SEQ_LEN)
 
     @property
     def experience_domains(self) -> list[str]:
@@ -166,6 +179,7 @@ def load_domains(config: StreamConfig | str | Path, tokenizer: Tokenizer | None 
     """Every configured domain's documents and packed splits (cached; see streams/packing.py)."""
     if not isinstance(config, StreamConfig):
         config = load_stream_config(config)
+    config = config.resolved()
     if tokenizer is None:
         tokenizer = load_tokenizer(config.tokenizer)
     cache_dir = config.resolved_cache_dir()

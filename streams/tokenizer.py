@@ -67,7 +67,11 @@ def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
     """Load a tokenizer.json; the shipped one when `path` is None."""
     p = Path(path) if path is not None else SHIPPED_PATH
     if not p.is_file():
-        raise FileNotFoundError(f"tokenizer file {p} does not exist (rebuild it with `clp tokenizer build`)")
+        if p == SHIPPED_PATH:  # the shipped default itself is gone: it is rebuilt from the shipped corpora
+            raise FileNotFoundError(f"tokenizer file {p} does not exist (rebuild it with `clp tokenizer build`)")
+        # A path the user named: rebuilding the default tokenizer would give a different one.
+        shipped = ", ".join(str(f) for f in sorted(SHIPPED_PATH.parent.glob("*.json")))
+        raise FileNotFoundError(f"tokenizer file {p} does not exist; the shipped tokenizers are {shipped}")
     return Tokenizer(p.read_bytes(), path=p)
 
 

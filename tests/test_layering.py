@@ -95,6 +95,27 @@ def test_no_study_imports_another_study():
     assert not bad, "a study imports another study (share through study.py or family.py):\n" + "\n".join(bad)
 
 
+def _study_imports_from_outside(root: Path) -> list[str]:
+    """Imports of experiments.studies.* in experiments/multi/ and experiments/cli.py (the command
+    table names study commands as strings, which import nothing)."""
+    files = sorted((root / "experiments" / "multi").glob("*.py")) + [root / "experiments" / "cli.py"]
+    return [f"{p.relative_to(root)}:{line} imports {name}" for p in files if p.is_file()
+            for line, name in _imported_modules(p) if name.startswith("experiments.studies")]
+
+
+def test_multi_and_the_command_line_import_no_study():
+    bad = _study_imports_from_outside(ROOT)
+    assert not bad, "config-file helpers live in experiments/config_files.py, not in a study:\n" + "\n".join(bad)
+
+
+def test_the_outside_rule_finds_a_study_import(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    multi = tmp_path / "experiments" / "multi"
+    multi.mkdir(parents=True)
+    (multi / "x.py").write_text("def f():\n    from experiments.studies.study import parse_seeds\n")
+    assert _study_imports_from_outside(tmp_path) == ["experiments/multi/x.py:2 imports experiments.studies.study"]
+
+
 def test_the_study_rule_finds_a_study_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     studies = tmp_path / "experiments" / "studies"

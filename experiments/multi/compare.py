@@ -3,9 +3,12 @@
     clp compare experiments/configs/compare_strategies.yaml
     clp compare experiments/configs/compare_strategies.yaml --entries naive,replay --seeds 0
     clp compare experiments/configs/compare_strategies.yaml 'orders=[[math,law,code,web],[code,web,math,law]]'
+    clp compare experiments/configs/compare_strategies.yaml runs_root=/scratch/runs cl.batch_size=4   # every member
 
 The file names a run config (`run`), the seeds, and the entries: each a list of dotted overrides
-of that run config (`strategy.name=replay`, `cl.mode=finetune`, ...). Every (entry, seed) is an
+of that run config (`strategy.name=replay`, `cl.mode=finetune`, ...). A command-line override
+whose key is not a field of this file is the run config's, applied to every member first
+(`run_overrides`). Every (entry, seed) is an
 ordinary run (`experiments/run.py:execute`, its own folder, TensorBoard events and resume), all
 on the run config's cached base; a re-run finds finished members and continues killed ones, so
 the same command resumes a stopped comparison. Then per entry: mean ± std over seeds of the
@@ -32,11 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from analysis.bootstrap import few_documents_note
 from analysis.metrics import COMPARISON_TABLE, METRICS as REGISTRY
 from analysis.paired import (FRACTIONS, difference_cells, fraction_cells, interval_label, is_within, paired_rows,
                              percent_cell)
+from analysis.table import ONE_SEED, interval, number
 from cl_platform.atomic import atomic_write_json, atomic_write_text
-from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, read_yaml
+from cl_platform.check import ConfigError, apply_overrides, check, from_mapping, is_int, read_yaml, split_overrides
 
 # The table's metric columns, in order: the registry's comparison subset (analysis.metrics).
 METRICS = COMPARISON_TABLE
@@ -56,6 +61,9 @@ class Comparison:
     # paired interval covers how a strategy's effect depends on the order. null = the run's order.
     orders: list[list[str]] | None = None
     name: str = "strategies"
+    # Run-config overrides every member gets, before its entry's (`clp compare FILE runs_root=DIR`:
+    # a command-line key that is not a field of this file), as if written into the run config.
+    run_overrides: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check(isinstance(self.entries, dict) and bool(self.entries), self, "entries",
@@ -73,6 +81,8 @@ class Comparison:
             isinstance(o, list) and o and all(isinstance(d, str) for d in o) for o in self.orders)
             and len({tuple(o) for o in self.orders}) == len(self.orders)),
               self, "orders", "must be null or a non-empty list of distinct domain orders (lists of domain names)")
+        check(isinstance(self.run_overrides, list) and all(isinstance(o, str) and "=" in o for o in self.run_overrides),
+              self, "run_overrides", "must be a list of 'key=value' run-config overrides")
 
     def members(self) -> list[tuple[int | None, tuple[str, ...] | None, int]]:
         """(base seed or None, domain order or None, run seed) of every member of an entry, in run order."""
@@ -102,12 +112,15 @@ def check_orders(comp: Comparison, stream_order: list[str]) -> None:
 def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | None = None,
          base_seeds: list[int] | None = None, overrides: Sequence[str] = ()) -> Comparison:
     path = Path(path)
+    overrides, run_overrides = split_overrides(overrides, Comparison)
     data = apply_overrides(read_yaml(path, "comparison config"), overrides, "comparison config")
+    data.setdefault("run_overrides", [])
+    data["run_overrides"] = [*data["run_overrides"], *run_overrides]
     if seeds is not None:
         data["seeds"] = seeds
     if base_seeds is not None:
         data["base_seeds"] = base_seeds
-    from experiments.studies.study import keep_named, relative_to
+    from experiments.config_files import keep_named, relative_to
 
     keep_named(data, "entries", entries, "--entries", path)
     comp = from_mapping(Comparison, data, f"comparison config {path}", whole_file=True)
@@ -116,13 +129,17 @@ def load(path: str | Path, seeds: list[int] | None = None, entries: list[str] | 
 
 
 def state_bytes(folder: Path) -> int | None:
-    """Size of the strategy's saved state in the run's last checkpoint (None without one)."""
+    """Size of the strategy's saved state in the run's last checkpoint (None without one). Read as
+    every checkpoint is (cl_platform.checkpoint: tensors, numbers, strings and containers only),
+    since sweep workers and colleagues share run folders: a pickled object is refused, never run."""
     import torch
+
+    from cl_platform.checkpoint import load_checkpoint
 
     ckpt = folder / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
         return None
-    state = torch.load(ckpt, map_location="cpu", weights_only=False).get("strategy", {})
+    state = load_checkpoint(ckpt, "run").get("strategy", {})
     buf = io.BytesIO()
     torch.save(state, buf)
     return buf.tell()
@@ -151,16 +168,17 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
     from experiments.setup import load_setup, make_strategy
 
     # Every entry's config and strategy, and every order, are checked before anything trains.
+    common = list(comp.run_overrides)
     for entry, overrides in comp.entries.items():
         try:
-            setup = load_setup(comp.run, overrides)
+            setup = load_setup(comp.run, [*common, *overrides])
             make_strategy(setup)
         except ConfigError as err:
             raise ConfigError(f"comparison entry {entry!r}: {err}") from None
         check_orders(comp, setup.scenario.config.experience_domains)
     from experiments.multi.seeds import check_given_bases
 
-    check_given_bases(comp.run, [], comp.base_seeds)
+    check_given_bases(comp.run, common, comp.base_seeds)
     members: dict[str, list[dict[str, Any]]] = {}
     outcomes: dict[str, list[Any]] = {}  # each member's RunResults, in member order
     for entry, overrides in comp.entries.items():
@@ -168,12 +186,12 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
             extra = member_overrides(base, order, seed)
             say(f"--- {entry}, seed {seed}" + ("" if base is None else f", base seed {base}")
                 + ("" if order is None else f", order {' -> '.join(order)}"))
-            folder, results, _ = execute(comp.run, [*overrides, *extra], resume=True,
+            folder, results, _ = execute(comp.run, [*common, *overrides, *extra], resume=True,
                                          progress_bar=progress_bar, say=say)
             record = json.loads((folder / "run.json").read_text())
             timings = record.get("timings", {})
             seconds = sum(e.get("train", 0.0) + e.get("eval", 0.0) for e in timings.get("experiences", []))
-            cfg = load_config(comp.run, [*overrides, *extra])
+            cfg = load_config(comp.run, [*common, *overrides, *extra])
             member = {"seed": seed, "folder": str(folder), "mode": cfg.cl.mode, "strategy": cfg.strategy_name,
                       "summary": summary(results), "seconds": seconds, "state_bytes": state_bytes(folder),
                       "stored_tokens": stored_tokens(folder)}
@@ -186,15 +204,20 @@ def run(comp: Comparison, say: Callable[[str], None] = print, progress_bar: bool
     document_differences(members, outcomes)
     table = summarise(comp, members)
     digest = hashlib.sha256("\0".join(m["folder"] for ms in members.values() for m in ms).encode()).hexdigest()[:12]
-    out = Path(load_config(comp.run).runs_root) / f"compare-{comp.name}-{digest}"
+    out = Path(load_config(comp.run, common).runs_root) / f"compare-{comp.name}-{digest}"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "comparison.json", {"entries": table, "members": members, "seeds": comp.seeds,
                                                 "base_seeds": comp.base_seeds, "orders": comp.orders})
     atomic_write_text(out / "comparison.csv", to_csv(table))
     text = format_table(table, comp.seeds, comp.base_seeds, comp.orders)
+    first = next(iter(outcomes.values()))[0]
+    note = few_documents_note({d: len(docs) for d, docs in first.doc_losses.get("0", {}).items()})
+    if note is not None and is_within(table):  # the printed intervals are over these documents
+        text += f"\n  intervals {note}"
     atomic_write_text(out / "comparison.txt", text + "\n")
     say(text)
     say(f"comparison: {out}/comparison.json (+ .csv, .txt)")
+    say(f"report: clp report {out}   (HTML + Markdown into {out / 'report'}/)")
     return out, table
 
 
@@ -239,7 +262,8 @@ def summarise(comp: Comparison, members: dict[str, list[dict]]) -> dict[str, dic
         reference.setdefault(row["mode"], seconds)
         row["seconds"] = seconds
         row["relative_compute"] = seconds / reference[row["mode"]] if reference[row["mode"]] else math.nan
-        row["state_bytes"] = max((m["state_bytes"] or 0) for m in ms)
+        sizes = [m["state_bytes"] for m in ms if m["state_bytes"] is not None]
+        row["state_bytes"] = max(sizes) if sizes else None  # None: no member kept a checkpoint
         row["stored_tokens"] = max(m.get("stored_tokens", 0) for m in ms)
         out[entry] = row
     first, *others = members
@@ -329,16 +353,30 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
              "data kept"]
     over = " x ".join(([] if base_seeds is None else [f"base seeds {base_seeds}"])
                       + ([] if orders is None else [f"{len(orders)} orders"]) + [f"seeds {seeds}"])
+    undefined: dict[str, str] = {}  # column head -> why a cell of it is n/a
+
+    def cell(stat: dict[str, float], spec: str, head: str, why: str = "") -> str:
+        # Printed text never reads `nan`: a metric the stream cannot define, a spread over one seed.
+        if math.isnan(stat["mean"]):
+            undefined[head] = why
+            return "n/a"
+        return f"{stat['mean']:{spec}} ± {number(stat['std'], spec.lstrip('+'), ONE_SEED)}"
+
+    body = []
+    for entry, row in table.items():
+        cells = [cell(row[m], "+.4f", h, REGISTRY[m].undefined_text) for m, h in zip(METRICS, heads)]
+        cells.append(cell(row["final_perplexity"], ".1f", "final ppl"))
+        cells.append(f"{row['relative_compute']:.2f}x" if math.isfinite(row["relative_compute"]) else "n/a")
+        # No checkpoint to measure the strategy's state in: the run kept none (cl.keep_checkpoints).
+        cells.append("n/a (no checkpoint)" if row["state_bytes"] is None else f"{row['state_bytes'] / 1e6:.2f} MB")
+        cells.append(f"{row['stored_tokens']:,} tokens" if row.get("stored_tokens") else "none")
+        body.append((entry, row["mode"], cells))
+    width = max([20, *(len(c) + 2 for _, _, cells in body for c in cells)])
     lines = [f"strategies, mean ± std over {over} (loss in nats; compute: train + eval time relative to "
              f"the first entry of the same mode)",
-             f"{'entry':>18s} {'mode':>9s} " + "".join(f"{h:>20s}" for h in heads)]
-    for entry, row in table.items():
-        cells = [f"{row[m]['mean']:+.4f} ± {row[m]['std']:.4f}" for m in METRICS]
-        cells.append(f"{row['final_perplexity']['mean']:.1f} ± {row['final_perplexity']['std']:.1f}")
-        cells.append(f"{row['relative_compute']:.2f}x")
-        cells.append(f"{row['state_bytes'] / 1e6:.2f} MB")
-        cells.append(f"{row['stored_tokens']:,} tokens" if row.get("stored_tokens") else "none")
-        lines.append(f"{entry:>18s} {row['mode']:>9s} " + "".join(f"{c:>20s}" for c in cells))
+             f"{'entry':>18s} {'mode':>9s} " + "".join(f"{h:>{width}s}" for h in heads)]
+    lines += [f"{entry:>18s} {mode:>9s} " + "".join(f"{c:>{width}s}" for c in cells) for entry, mode, cells in body]
+    lines += [f"  {head}: {why}" for head, why in undefined.items() if why]
     rows = paired_rows(table)
     if rows:
         first = next(iter(table))
@@ -348,8 +386,8 @@ def format_table(table: dict[str, dict[str, Any]], seeds: list[int], base_seeds:
                   f"{'entry':>18s} " + "".join(f"{h:>28s}" for h in heads[:len(METRICS)])]
         for entry, row in rows:
             stats = difference_cells(row, within)
-            cells = [f"{stats[m][0]:+.4f} [{stats[m][1]:+.3f}, {stats[m][2]:+.3f}]" if m in stats else "n/a"
-                     for m in METRICS]
+            cells = [f"{stats[m][0]:+.4f} {interval(stats[m][1], stats[m][2], '+.3f')}"
+                     if m in stats and not math.isnan(stats[m][0]) else "n/a" for m in METRICS]
             lines.append(f"{entry:>18s} " + "".join(f"{c:>28s}" for c in cells))
         if any(row.get("relative") for _, row in rows):
             fixed = f"; the documents' interval over {first}'s value, held fixed" if within else ""

@@ -68,11 +68,12 @@ def run_seeds(
 
 
 def check_given_bases(config: str | Path, overrides: Sequence[str], base_seeds: Sequence[int] | None) -> None:
-    """With a given base (`base_checkpoint`, e.g. `../bases/reference-s${pretrain.seed}/base.ckpt`),
-    every base seed's file must exist before the first member runs, not when its turn comes."""
+    """With a given base (`base_checkpoint`, e.g. `reference-s${pretrain.seed}`), every base seed's
+    base must exist before the first member runs, not when its turn comes."""
+    from experiments.setup import load_run_config
+
     for b in base_seeds or []:
-        cfg = load_config(config, [*overrides, f"pretrain.seed={b}"])
-        if cfg.base_checkpoint is not None and not Path(cfg.base_checkpoint).is_file():
-            raise ConfigError(f"base seed {b}: base_checkpoint {cfg.base_checkpoint} does not exist (the config "
-                              f"{config} names one base file per pretrain.seed; only the shipped seeds exist)",
-                              field="base_checkpoint")
+        try:
+            load_run_config(config, [*overrides, f"pretrain.seed={b}"])
+        except ConfigError as err:
+            raise ConfigError(f"base seed {b}: {err}", field=err.field) from None

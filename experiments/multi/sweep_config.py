@@ -23,6 +23,10 @@ The file (fields of `Sweep`):
     pruner: {name: median, n_startup_trials: 3, n_warmup_steps: 8}    # one objective only
     overrides: [cl.mode=finetune, strategy.name=ewc]   # fixed, before every trial's sampled values
 
+On the command line, `key=value` sets a field of this file, or, where `key` is not one of its
+fields, the run config's for every trial (`runs_root=/shared/runs`, `cl.batch_size=4`:
+`run_overrides`).
+
 Objectives are always measured on the dev split: every trial's overrides end with
 `cl.eval_split=dev`, and a space entry on `cl.eval_split` is refused, so choosing settings never
 reads the eval split the tables quote. Refused before anything runs, each naming its field:
@@ -44,7 +48,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from cl_platform.check import ConfigError, apply_overrides, check, check_keys, is_int, is_number, read_yaml
+from cl_platform.check import (ConfigError, apply_overrides, check, check_keys, is_int, is_number, read_yaml,
+                               split_overrides)
 from experiments.multi.sweep_journal import absolute, is_journal, journal_path
 
 FORBIDDEN = ("model", "pretrain", "base_checkpoint", "stream", "runs_root", "name", "order", "cl.eval_split")
@@ -214,6 +219,11 @@ class Sweep:
     # Dotted overrides every trial gets before its sampled values (`cl.mode=finetune`,
     # `strategy.name=ewc`): a sweep of one comparison entry's settings without a new run file.
     overrides: list[str] = dataclasses.field(default_factory=list)
+    # Run-config overrides every trial gets first (`clp sweep FILE runs_root=DIR`: a command-line
+    # key that is not a field of this file), as if written into the run config. Unlike
+    # `overrides`, they may say where runs go and what they read; a continued study must be given
+    # the same ones but `runs_root` (each machine mounts the shared folder where it can).
+    run_overrides: list[str] = dataclasses.field(default_factory=list)
     heartbeat_interval: int = 60  # seconds between a running trial's heartbeats
     grace_period: int = 180  # seconds without one before a trial counts as dead and is retried
     max_retry: int = 2  # retries of one killed trial
@@ -236,6 +246,8 @@ class Sweep:
         check(is_int(self.max_retry, 0), self, "max_retry", "must be an int >= 0")
         check(isinstance(self.overrides, list) and all(isinstance(o, str) and "=" in o for o in self.overrides),
               self, "overrides", "must be a list of dotted overrides 'path=value'")
+        check(isinstance(self.run_overrides, list) and all(isinstance(o, str) and "=" in o for o in self.run_overrides),
+              self, "run_overrides", "must be a list of 'key=value' run-config overrides")
         check(self.grace_period > self.heartbeat_interval, self, "grace_period", "must exceed heartbeat_interval")
         if self.pruner is None:
             self.pruner = Pruner(name="none" if self.objective.is_multi else "median")
@@ -252,12 +264,15 @@ class Sweep:
                   "objective": dataclasses.asdict(self.objective)}
         if self.overrides:  # absent when empty: studies made before the field still match
             record["overrides"] = list(self.overrides)
+        run = [o for o in self.run_overrides if o.partition("=")[0] != "runs_root"]
+        if run:
+            record["run_overrides"] = run
         return record
 
     def trial_overrides(self, params: dict[str, Any]) -> list[str]:
         """A trial's dotted overrides: the sweep's fixed ones, its parameters, then the dev split
         (always last, so it wins)."""
-        return [*self.overrides, *overrides(params)]
+        return [*self.run_overrides, *self.overrides, *overrides(params)]
 
 
 # --- loading and checking -------------------------------------------------------------------------
@@ -275,7 +290,9 @@ def load(path: str | Path, trials: int | None = None, storage: str | None = None
     """The sweep file with `key=value` overrides, then `--trials` / `--storage`, applied; errors
     name the file and field."""
     path = Path(path)
+    overrides, run_overrides = split_overrides(overrides, Sweep)
     data = apply_overrides(read_yaml(path, "sweep config"), overrides, "sweep config")
+    data["run_overrides"] = [*data.get("run_overrides", []), *run_overrides]
     where = f"sweep config {path}"
     check_keys(Sweep, data, where)
     for name in ("run", "name", "space", "objective"):
@@ -296,7 +313,7 @@ def load(path: str | Path, trials: int | None = None, storage: str | None = None
         sweep = Sweep(**data)
     except ConfigError as err:
         raise ConfigError(f"{where}: field '{err.field}': {err}", field=err.field) from None
-    from experiments.studies.study import relative_to
+    from experiments.config_files import relative_to
 
     sweep.run = relative_to(path, sweep.run, "run", overrides)
     if sweep.artifacts is not None:
@@ -351,7 +368,7 @@ def check_runs(sweep: Sweep, where: str) -> Any:
             raise ConfigError(f"{where}: field 'overrides[{i}]': {path} would change the base model, the split or "
                               "where runs go, not a setting of the continual phase", field=f"overrides[{i}]")
         try:
-            load_config(sweep.run, sweep.overrides[: i + 1])
+            load_config(sweep.run, [*sweep.run_overrides, *sweep.overrides[: i + 1]])
         except ConfigError as err:
             raise ConfigError(f"{where}: field 'overrides[{i}]' ({item!r}) is refused by run config {sweep.run}: {err}",
                               field=f"overrides[{i}]") from None
@@ -387,7 +404,7 @@ def check_runs(sweep: Sweep, where: str) -> Any:
 def sweep_dir(sweep: Sweep) -> Path:
     from cl_platform.config import load_config
 
-    return Path(load_config(sweep.run).runs_root) / f"sweep-{sweep.name}"
+    return Path(load_config(sweep.run, sweep.run_overrides).runs_root) / f"sweep-{sweep.name}"
 
 
 def storage_url(sweep: Sweep) -> str:
@@ -434,8 +451,8 @@ def check_storage(url: str, field_: str, where: str) -> None:
 
 
 def check_study(sweep: Sweep, storage: Any, where: str) -> None:
-    """A study of this name in `storage` must have been made by the same space, objective and
-    fixed overrides."""
+    """A study of this name in `storage` must have been made by the same space, objective, fixed
+    overrides and run-config overrides (but `runs_root`)."""
     import optuna
 
     if sweep.name not in {s.study_name for s in optuna.study.get_all_study_summaries(storage)}:
@@ -447,7 +464,7 @@ def check_study(sweep: Sweep, storage: Any, where: str) -> None:
                           f"choose another name", field="name")
     from cl_platform.config import dict_diff
 
-    for part in ("space", "objective", "overrides"):
+    for part in ("space", "objective", "overrides", "run_overrides"):
         if stored.get(part) != mine.get(part):
             diff = "; ".join(dict_diff(stored.get(part), mine.get(part))[:5])
             raise ConfigError(f"{where}: field '{part}': study {sweep.name!r} in the storage was made with a different "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cl_platform.check import ConfigError, check, read_yaml
-from experiments.studies.study import relative_to
+from experiments.config_files import relative_to
 
 # What a variant may change: where the memories sit, and the MLP width (an attention-only twin at
 # the FwPKM model's active parameters widens its MLPs instead of holding a memory); and the stream

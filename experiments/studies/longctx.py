@@ -32,7 +32,8 @@ from typing import Any, Callable, Sequence
 
 from cl_platform.check import ConfigError, check, is_int
 from experiments.studies.family import Family, check_variants
-from experiments.studies.study import cached, load_study, relative_to, study_folder, write_results
+from experiments.config_files import relative_to
+from experiments.studies.study import cached, load_study, study_folder, write_results
 
 SETTINGS = ("off", "on")
 

@@ -59,7 +59,8 @@ from typing import Any, Callable, Sequence
 
 from cl_platform.check import ConfigError, check, is_int, is_number
 from experiments.studies.family import Family, load_family
-from experiments.studies.study import cached, load_study, relative_to, study_folder, write_results
+from experiments.config_files import relative_to
+from experiments.studies.study import cached, load_study, study_folder, write_results
 
 MODEL_KEYS = ("variant", "finetune", "rule", "model", "writes")
 # `writes: [3]`: only these FwPKM layers (block indices) write while a zero-shot model reads the

@@ -20,33 +20,7 @@ from typing import Any, Callable, Sequence
 from cl_platform.atomic import atomic_write_json, atomic_write_text
 from cl_platform.check import ConfigError, apply_overrides, from_mapping, read_yaml
 from cl_platform.config import config_hash
-
-
-def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
-    """'0,1,2' → [0, 1, 2]; empty lists, non-integers and repeats are errors naming the flag."""
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise ConfigError(f"{flag}: empty seed list; give comma-separated ints, e.g. {flag} 0,1,2")
-    try:
-        seeds = [int(p) for p in parts]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: not a comma-separated list of ints") from None
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        raise ConfigError(f"{flag} {text!r}: seed(s) {repeated} repeated; a repeat would only copy a run")
-    return seeds
-
-
-def keep_named(data: dict, field: str, names: Sequence[str] | None, flag: str, path) -> None:
-    """Keep only `names` (in that order) of the mapping `data[field]`, for a `--<flag> a,b` subset
-    of a config file's entries; a name the file lacks is an error naming the flag and the file."""
-    if names is None:
-        return
-    known = data.get(field) or {}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ConfigError(f"{path}: {flag} {unknown} not among the file's {field} {list(known)}")
-    data[field] = {n: known[n] for n in names}
+from experiments.config_files import keep_named
 
 
 def load_study(cls: type, path: str | Path, what: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,
@@ -61,16 +35,6 @@ def load_study(cls: type, path: str | Path, what: str, overrides: Sequence[str] 
     if subset is not None:
         keep_named(data, *subset, path)
     return from_mapping(cls, data, f"{what} {path}", whole_file=True)
-
-
-def relative_to(path: str | Path, value: str, key: str | None = None, overrides: Sequence[str] = ()) -> str:
-    """`value`, a path of the config file `path`, resolved against that file's folder; when the
-    command line set it (`key=...` among `overrides`), against the working directory, as a run
-    config's paths are (cl_platform/config.py)."""
-    if Path(value).is_absolute():
-        return value
-    on_cli = key is not None and any(str(o).partition("=")[0].strip() == key for o in overrides)
-    return str((Path.cwd() if on_cli else Path(path).parent) / value)
 
 
 def study_folder(runs_root: str | Path, prefix: str, identity: dict[str, Any]) -> Path:

@@ -64,7 +64,9 @@ def test_one_run_has_no_spread_rather_than_zero():
     agg = aggregate([run(A)])
     assert np.isnan(agg["matrix_std"]).all() and math.isnan(agg["metrics"]["average_final"]["std"])
     assert all(math.isnan(v) for v in agg["experience_gains"][0]["t95"])
-    assert "n/a: one run" in format_aggregate(agg)
+    text = format_aggregate(agg)
+    assert "nan" not in text and "4.000 ± n/a (1 seed)" in text and "+1.0000 ± n/a (1 seed)" in text
+    assert "retention_after_2                  n/a (needs ≥ 3 experiences and a gain to retain)" in text
 
 
 def test_runs_that_do_not_match_or_did_not_finish_are_refused():

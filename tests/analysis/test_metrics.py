@@ -465,3 +465,23 @@ def test_a_new_registry_row_reaches_summary_report_order_and_bootstrap(monkeypat
         "final_spread", spread.fn, spread.label, higher_is_better=False, interval=False, kind="level"))
     assert metrics.summary(LOSS)["final_spread"] == pytest.approx(1.5)
     assert "final_spread" not in bootstrap(_run_with_docs(LOSS.values), samples=20, seed=0)["metrics"]
+
+
+def test_a_metric_a_short_stream_cannot_define_says_what_it_needs():
+    """Printed tables show `n/a (needs ...)` where a metric is NaN: each such NaN on a short stream
+    has its own reason, not the generic one."""
+    one = ResultsMatrix(["a", "b"], ["a"], np.array([[4.0, 5.0], [3.0, 5.5]]))
+    two = ResultsMatrix(["a", "b"], ["a", "b"], np.array([[4.0, 5.0], [3.0, 5.5], [3.5, 4.0]]))
+    undefined = {name: m.undefined_text for name, m in metrics.METRICS.items()
+                 if not m.needs_run and math.isnan(m.value(one))}
+    assert undefined == {
+        "average_forgetting": "n/a (needs a domain trained before the last experience)",
+        "backward_transfer": "n/a (needs a domain trained before the last experience)",
+        "forward_transfer": "n/a (needs a domain first trained after experience 1)",
+        "retention_after_2": "n/a (needs ≥ 3 experiences and a gain to retain)",
+        "average_forgetting_including_row0": "n/a (needs a domain trained before the last experience)",
+    }
+    # Two domains: only retention two experiences later is undefined.
+    assert [n for n, m in metrics.METRICS.items() if not m.needs_run and math.isnan(m.value(two))] == \
+        ["retention_after_2"]
+    assert metrics.METRICS["area_under_curve"].undefined_text == "n/a (needs forgetting curves)"

@@ -99,6 +99,22 @@ def test_overrides_of_nested_list_and_boolean_fields(tmp_path):
         load_config(write(tmp_path, ""), ["cl.fwpkm.chunk=1.5"])
 
 
+@pytest.mark.parametrize("override, field, value, fix", [
+    ("order=math,law", "order", "'math,law'", "order=[math,law]"),
+    ("model.fwpkm_layers=1,3", "model.fwpkm_layers", "'1,3'", "model.fwpkm_layers=[1,3]"),
+    ("model.pkm_layers=2", "model.pkm_layers", "2", "model.pkm_layers=[2]"),
+])
+def test_a_list_field_given_without_brackets_is_answered_with_the_bracketed_form(tmp_path, override, field, value,
+                                                                                  fix):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, ""), [override])
+    assert str(info.value) == (f"command line: run config field '{field}': expects a list, got {value}; write a list "
+                               f"in brackets: {fix} on the command line, {fix.split('=')[1]} in a YAML file")
+    assert info.value.field == field
+    # The bracketed form is the one that loads.
+    assert load_config(write(tmp_path, ""), [fix]) is not None
+
+
 def test_the_continual_write_rule_defaults_to_the_pretraining_one_field_by_field(tmp_path):
     text = "pretrain: {fwpkm: {lr_values: 0.5, chunk: 64}}\ncl: {fwpkm: {lr_keys: 0.1}}\n"
     cfg = load_config(write(tmp_path, text), ["cl.fwpkm_by_layer.fwpkm3.lr_values=0.2"])

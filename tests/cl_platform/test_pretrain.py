@@ -85,7 +85,7 @@ def test_interrupted_pretraining_resumes_to_the_same_weights(tiny, tmp_path, mon
     with pytest.raises(Interrupted):
         ensure_base(cut, progress_bar=False, say=lambda _: None)
     monkeypatch.setattr(Pretrainer, "save_progress", save)
-    before = torch.load(next((tmp_path / "b").glob("pretrain-*/last.ckpt")), weights_only=False)["record"]["seconds"]
+    before = torch.load(next((tmp_path / "b").glob("pretrain-*/last.ckpt")), weights_only=True)["record"]["seconds"]
     said = []
     _, record, cached, resumed = ensure_base(cut, progress_bar=False, say=said.append)
     assert not cached and record["steps"] == 40

@@ -91,9 +91,19 @@ def test_training_from_files(tmp_path):
         train_tokenizer(["x"], vocab_size=100)
 
 
-def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="clp tokenizer build"):
+def test_missing_file_is_a_clear_error(tmp_path, monkeypatch):
+    # A misspelt path of the user's names the shipped tokenizers; rebuilding the default one
+    # (`clp tokenizer build`) would give another tokenizer, so it is suggested only when the
+    # shipped default itself is missing.
+    with pytest.raises(FileNotFoundError, match=r"nope.json does not exist; the shipped tokenizers are .*tokenizer.json, "
+                                                r".*tokenizer_general.json") as info:
         load_tokenizer(tmp_path / "nope.json")
+    assert "clp tokenizer build" not in str(info.value)
+    import streams.tokenizer as module
+
+    monkeypatch.setattr(module, "SHIPPED_PATH", tmp_path / "assets" / "tokenizer.json")
+    with pytest.raises(FileNotFoundError, match="clp tokenizer build"):
+        load_tokenizer()
 
 
 @pytest.mark.slow

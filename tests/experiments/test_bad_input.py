@@ -131,7 +131,7 @@ def test_base_checkpoint_of_another_model_is_refused(tiny, tiny_base, tmp_path):
 def test_base_checkpoint_of_other_pretraining_settings_is_refused(tiny, tiny_base, tmp_path):
     # --base-seeds sets pretrain.seed: a fixed base_checkpoint must not stand in for every seed's base.
     path = tiny.config(tmp_path / "seed1.yaml", runs_root=str(tmp_path / "runs"), base_checkpoint=str(tiny_base.path))
-    with pytest.raises(CheckpointError, match=r"pretrain.seed is 0 in the checkpoint, 1 in this run") as info:
+    with pytest.raises(ConfigError, match=r"pretrain.seed is 0 in the base, 1 in this run") as info:
         run(path, overrides=["pretrain.seed=1", "pretrain.lr=0.002", "pretrain.eval_every=7"])
     assert "pretrain.lr is" in str(info.value) and "eval_every" not in str(info.value)  # reporting fields do not count
     assert not (tmp_path / "runs").exists()

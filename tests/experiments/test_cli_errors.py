@@ -150,3 +150,12 @@ def test_overrides_reach_every_loader(tmp_path):
     assert sweep.trials == 3 and sweep.space["cl.fwpkm.chunk"].choices == [64, 128]
     assert load_stream_config(copy("streams/default.yaml", []), overrides=["seq_len=256"]).seq_len == 256
     assert load_config(copy("default.yaml", ["stream"]), ["seed=4"]).seed == 4
+
+
+def test_a_list_given_without_brackets_is_one_line_naming_the_field_and_the_bracketed_form(capsys, tmp_path):
+    good = shipped_with(tmp_path, "default.yaml", ["stream"], {})
+    line = error_line(capsys, ["run", str(good), "order=math,law"], "run")
+    assert line == ("clp run: error: command line: run config field 'order': expects a list, got 'math,law'; "
+                    "write a list in brackets: order=[math,law] on the command line, [math,law] in a YAML file")
+    line = error_line(capsys, ["run", str(good), "model.fwpkm_layers=1,3"], "run")
+    assert "'model.fwpkm_layers'" in line and "model.fwpkm_layers=[1,3]" in line, line

@@ -2,6 +2,7 @@
 to the members' results, a re-run trains nothing, bad entries named before any training."""
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,17 @@ def test_comparison_table_equals_the_members_and_reruns_train_nothing(tiny, tmp_
     assert json.dumps(table1["freeze"]["vs_first_documents"]) == json.dumps(saved["members"]["freeze"][0]["vs_first_documents"])
     text1 = (out1 / "comparison.txt").read_text()
     assert "paired bootstrap over evaluation documents, within this base" in text1
+    # One seed has no spread, and two experiences no retention two experiences later: said, not `nan`.
+    assert not re.search(r"\bnan\b", text1), text1
+    gain = table1["naive"]["adaptation_gain"]["mean"]
+    assert f"{gain:+.4f} ± n/a (1 seed)" in text1
+    assert "\n  retention after 2: n/a (needs ≥ 3 experiences and a gain to retain)\n" in text1
+    assert not re.search(r"\bnan\b", (out / "comparison.txt").read_text())  # two seeds
+    # The tiny stream evaluates 2 math documents and 1 code document: too few for those intervals.
+    assert text1.endswith("\n  intervals not meaningful for math, code: fewer than 5 evaluation documents to resample "
+                          "(set token_budget.eval_docs: N in the stream YAML to cut each domain's eval budget into N "
+                          "documents)\n")
+    assert said[-1] == f"report: clp report {out}   (HTML + Markdown into {out / 'report'}/)"
     # ... and as fractions of naive's, the documents' interval over naive's value held fixed
     rel = table1["freeze"]["relative"]["forgetting_cut"]
     naive_f = table1["naive"]["average_forgetting"]["mean"]
@@ -247,3 +259,57 @@ def test_the_cut_and_gain_kept_are_per_base_ratios_with_intervals_over_bases_pai
     text = format_table({"naive": row, "x": {**row, "vs_first": vs, "relative": r}}, [0], [0, 1], [ab, ba])
     assert "relative to naive" in text and "t-interval over the 2 bases" in text
     assert f"50.0 % [50.0, 50.0]" in text and f"88.8 % [{100 * (0.8875 - half):.1f}, {100 * (0.8875 + half):.1f}]" in text
+
+
+def test_run_level_overrides_reach_every_member_and_the_comparison_folder(tiny, tmp_path):
+    """`clp compare FILE runs_root=DIR cl.batch_size=4`: keys that are not the file's go to every
+    member's run config (and so the comparison lands under DIR); the file's own keys stay its own."""
+    elsewhere = tmp_path / "elsewhere"
+    comp = load(write(tiny, tmp_path, seeds=[0]), overrides=[f"runs_root={elsewhere}", "cl.batch_size=4", "name=moved"])
+    assert comp.run_overrides == [f"runs_root={elsewhere}", "cl.batch_size=4"] and comp.name == "moved"
+    out, _ = run(comp, say=lambda _: None)
+    assert out.parent == elsewhere and out.name.startswith("compare-moved-")
+    saved = json.loads((out / "comparison.json").read_text())
+    folders = [Path(m["folder"]) for ms in saved["members"].values() for m in ms]
+    assert len(folders) == 2 and all(f.parent == elsewhere for f in folders)
+    for f in folders:
+        assert yaml.safe_load((f / "config.yaml").read_text())["cl"]["batch_size"] == 4
+    # A run-level key the run config does not have is refused by name before any member trains.
+    with pytest.raises(ConfigError, match=r"unknown field 'cl.bach_size'"):
+        run(load(write(tiny, tmp_path, seeds=[0]), overrides=[f"runs_root={tmp_path / 'x'}", "cl.bach_size=4"]),
+            say=lambda _: None)
+    assert not (tmp_path / "x").exists()
+
+
+class _Planted:
+    """What a hostile run folder could hold: unpickling it would create `marker`."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_pickled_object_in_a_run_checkpoint_is_refused_and_never_run(tmp_path):
+    """Run folders are shared (sweep workers on several machines, colleagues' runs): every
+    checkpoint is read with weights_only=True, so an object planted in one is refused with one line
+    naming the file, and its code does not run."""
+    import torch
+
+    from cl_platform.checkpoint import FORMAT, CheckpointError
+    from experiments.multi.compare import state_bytes
+
+    folder = tmp_path / "run"
+    (folder / "checkpoints").mkdir(parents=True)
+    marker = tmp_path / "executed"
+    torch.save({"format": FORMAT, "kind": "run", "strategy": {"x": _Planted(str(marker))}},
+               folder / "checkpoints" / "last.ckpt")
+    with pytest.raises(CheckpointError) as info:
+        state_bytes(folder)
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {folder / 'checkpoints' / 'last.ckpt'} cannot be read") and "\n" not in message
+    assert not marker.exists()
+    # The same file read without the guard would have run the planted code: the test can fail.
+    torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)
+    assert marker.exists()

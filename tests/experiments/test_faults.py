@@ -260,7 +260,10 @@ def test_every_file_a_run_and_its_report_write_is_0644_under_umask_022(reference
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = [p for p in whole.rglob("*") if p.is_file()]
     names = {p.name for p in files}
-    assert {"last.ckpt", "prev.ckpt", "results.json", "run.json", "config.yaml", "report.html"} <= names, names
+    # A finished run keeps its final checkpoint alone (cl.keep_checkpoints: final); prev.ckpt, while
+    # it existed, was last.ckpt renamed, with its mode.
+    assert {"last.ckpt", "results.json", "run.json", "config.yaml", "report.html"} <= names, names
+    assert "prev.ckpt" not in names
     assert any(n.startswith("events.") for n in names)
     modes = {str(p.relative_to(whole)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
     assert set(modes.values()) == {"0o644"}, modes

@@ -96,7 +96,7 @@ def test_buckets_merge_to_the_models_own_loss(tiny_base):
     from experiments.setup import build_model
 
     setup = tiny_base.setup
-    weights = torch.load(tiny_base.path, weights_only=False)["model"]
+    weights = torch.load(tiny_base.path, weights_only=True)["model"]
     scores = score(setup, weights, "eval", [0, 4, 16, 32])
     model = build_model(setup.model_config, 0, setup.config.pretrain.fwpkm)
     model.load_state_dict(weights)

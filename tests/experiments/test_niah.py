@@ -22,7 +22,7 @@ def model_and_episodes(tiny_base):
     from experiments.setup import build_model
 
     setup = tiny_base.setup
-    weights = torch.load(tiny_base.path, weights_only=False)["model"]
+    weights = torch.load(tiny_base.path, weights_only=True)["model"]
     model = build_model(setup.model_config, 0, setup.config.pretrain.fwpkm)
     model.load_state_dict(weights)
     model.eval()

@@ -44,7 +44,7 @@ def worker(rank: int, config: str, out_dir: str, port: int, die_after: int) -> N
 
 def spawn(config, out_dir, die_after=0):
     mp.spawn(worker, args=(str(config), str(out_dir), free_port(), die_after), nprocs=WORLD, join=True)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
 def test_the_step_is_split_over_the_ranks_and_not_part_of_the_key(tiny, tmp_path):
@@ -85,7 +85,7 @@ def test_two_ranks_pretrain_one_base_and_resume_after_a_kill_bit_for_bit(tiny, t
     folder = next((tmp_path / "ddp").glob("pretrain-*"))
     assert (folder / "base.ckpt").is_file() and (folder / "probe.json").is_file()
     assert not (folder / "last.ckpt").exists()
-    base = torch.load(folder / "base.ckpt", weights_only=False)["model"]
+    base = torch.load(folder / "base.ckpt", weights_only=True)["model"]
     assert all(torch.equal(base[k], r0["weights"][k]) for k in base)
 
     # One process on the same 4 segments a step: the first step starts from the same weights and

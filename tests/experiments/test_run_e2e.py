@@ -51,8 +51,16 @@ def test_tiny_stream_end_to_end(tiny):
             assert len(docs) == len(set(tiny_split_docs(cfg, d)))
     s = summary(results)
     assert f"{s['average_forgetting']:+.4f}" in out and f"{s['plasticity']:+.4f}" in out
-    assert "tensorboard --logdir" in out
+    assert f"TensorBoard: tensorboard --logdir {folder.parent}   (this run: {folder.name}/tensorboard)" in out
+    assert f"report: clp report {folder}" in out
     assert re.search(r"\[1/2 math\] 6 steps, train loss \d\.\d+ \| eval loss math", out)
+    # Captured output is a log file, not a terminal: plain progress lines, no carriage return (the
+    # bar's, or a data bar's while the stream cache is built), and no `nan` anywhere.
+    assert "\r" not in out and "\r" not in proc.stderr
+    assert re.search(r"^pretrain: 150/150 batches \(100%\), step 150, loss \d+\.\d{3}, \d+ s$", out, re.M)
+    assert re.search(r"^exp 2/2 code: 6/6 batches \(100%\), step 12, loss \d+\.\d{3}, \d+ s$", out, re.M)
+    assert not re.search(r"\bnan\b", out)
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["last.ckpt"]  # cl.keep_checkpoints: final
 
     # Forgetting curves: every domain at steps 0, 2, 4, 6 (end of math) ... 12 (end of code).
     steps = [0, 2, 4, 6, 8, 10, 12]

@@ -5,13 +5,15 @@ probe.json reproduces), its record says how it was built, and the run config nam
 the write rule breaks a probe, this test fails first: rebuild the bases
 (`clp pretrain experiments/configs/reference.yaml pretrain.seed=<seed>`) and ship the new ones."""
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from cl_platform.checkpoint import load_checkpoint, model_config_dict
-from cl_platform.config import PretrainConfig, load_config
+from cl_platform.config import PretrainConfig
+from experiments.setup import load_run_config
 from experiments.base_probe import PROBE_FILE, TOLERANCE, probe_difference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +35,7 @@ def shipped(request):
 
 def test_the_main_job_config_names_the_shipped_base_and_its_write_rule(shipped):
     seed, BASE, shipped = shipped
-    cfg = load_config(CONFIG, [f"pretrain.seed={seed}"])
+    cfg, _ = load_run_config(CONFIG, [f"pretrain.seed={seed}"])  # its pretrain section from the base
     assert Path(cfg.base_checkpoint) == BASE / "base.ckpt"
     record = json.loads((BASE / "pretrain.json").read_text())
     assert record["key"] == shipped["key"] and record["steps"] == cfg.pretrain.steps == 1221
@@ -44,6 +46,12 @@ def test_the_main_job_config_names_the_shipped_base_and_its_write_rule(shipped):
     assert {k: v for k, v in record["config"].items() if k not in PretrainConfig.PLACEMENT} == settings
     assert record["config"]["seed"] == seed
     assert record["tokens"] == 1221 * 8 * 2048
+    # What a stream read with it must use: the general tokenizer (with the default one its web eval
+    # loss reads 9.9 nats instead of 4.78: the ids mean other strings) and the
+    # 2,048-token segments its token count was made of.
+    general = ROOT / "streams" / "assets" / "tokenizer_general.json"
+    assert record["stream"] == {"tokenizer": {"fingerprint": hashlib.sha256(general.read_bytes()).hexdigest(),
+                                              "vocab_size": 4096, "file": general.name}, "seq_len": 2048}
     # The base was trained with the write rule the config gives the probe.
     assert record["write_rule"]["lr_values"] == cfg.pretrain.fwpkm.lr_values
     assert record["write_rule"]["chunk"] == cfg.pretrain.fwpkm.chunk
@@ -55,7 +63,7 @@ def test_the_main_job_config_names_the_shipped_base_and_its_write_rule(shipped):
 
 def test_this_code_reproduces_the_shipped_bases_probe(shipped):
     seed, BASE, shipped = shipped
-    cfg = load_config(CONFIG, [f"pretrain.seed={seed}"])
+    cfg, _ = load_run_config(CONFIG, [f"pretrain.seed={seed}"])  # its pretrain section from the base
     recorded = json.loads((BASE / PROBE_FILE).read_text())
     model_config = dataclasses.replace(cfg.model, vocab_size=shipped["model_config"]["vocab_size"])
     assert model_config_dict(model_config) == shipped["model_config"]  # the config's architecture is the base's

@@ -364,3 +364,19 @@ def test_an_unreachable_postgresql_server_is_refused_before_any_trial(tiny, tmp_
     with pytest.raises(ConfigError, match="'storage': cannot use database"):
         sw.run(path, say=quiet)
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_level_overrides_reach_every_trial_and_a_continued_study_must_repeat_them(tiny, tiny_base, tmp_path):
+    """`clp sweep FILE runs_root=DIR cl.batch_size=4`: keys that are not the file's go to every trial's
+    run config; runs_root may differ between workers (each mounts the shared folder where it can),
+    the others are part of the study."""
+    path = write(tiny, tmp_path, "moved", trials=1)
+    elsewhere = tmp_path / "elsewhere"
+    out, study = sw.run(path, overrides=[f"runs_root={elsewhere}", "cl.batch_size=4"], say=quiet)
+    assert out == elsewhere / "sweep-moved"
+    (trial,) = study.trials
+    assert trial.user_attrs["overrides"][:2] == [f"runs_root={elsewhere}", "cl.batch_size=4"]
+    assert yaml.safe_load((out / "trials" / "0" / "config.yaml").read_text())["cl"]["batch_size"] == 4
+    assert study.user_attrs["sweep"]["run_overrides"] == ["cl.batch_size=4"]
+    with pytest.raises(ConfigError, match=r"field 'run_overrides': study 'moved'.*different run_overrides"):
+        sw.run(path, overrides=[f"runs_root={elsewhere}", "cl.batch_size=2"], say=quiet)

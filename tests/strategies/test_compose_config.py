@@ -169,7 +169,7 @@ def test_a_composed_run_through_the_engine_has_both_members_act(tiny, tmp_path):
     assert summary["name"] == "replay+slot_freezing" and summary["after_experience"] == 2
     assert set(summary) == {"name", "after_experience", "Replay#0", "SlotFreezing#1"}
     assert summary["SlotFreezing#1"]["owned_slots"] == {"fwpkm1": {"math": 25, "code": 25}}  # 10 % of 256 each
-    state = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["strategy"]
+    state = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["strategy"]
     assert [m["class"] for m in state["strategies"]] == ["Replay", "SlotFreezing"]
     groups = state["strategies"][0]["state"]["storage"]["groups"]
     assert sum(len(g["ids"]) for g in groups.values()) == 6  # the reservoir is full
