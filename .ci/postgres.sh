@@ -1,5 +1,5 @@
 # Sourced by .ci/run: a throwaway PostgreSQL server on loopback for the sweep's shared-storage test
-# (tests/experiments/test_sweep.py, issue 11). Debian's package, installed when missing; the
+# (tests/experiments/multi/test_sweep.py, issue 11). Debian's package, installed when missing; the
 # server runs as the `postgres` user from a temporary data folder and stops when CI exits.
 start_postgres() {
     if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then

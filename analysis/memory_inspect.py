@@ -4,6 +4,7 @@
     gate_by_class(rec)      # {layer: {class: {"mean", "low", "high", "n"}}}: the gate by token class
     ownership(rec)          # {layer: {domain: [owned, survivors after each later experience]}}
     render_example(rec, ex) # "…before [token] after…" and the next token
+    addresses(idx, w, ep)   # a needle episode: does the question read where the asked needle wrote
 
 Token classes (a token may be in several; computed on word pieces of the byte-level BPE, each
 token taking the class of the word its first letter or digit belongs to):
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,3 +206,82 @@ def ownership(rec: InspectRecord, share: float = 0.5) -> dict[str, list[dict[str
             rows.append({"experience": t, "domain": domain, "owned": int(owned.shape[0]), "survive": survive})
         out[layer] = rows
     return out
+
+
+def shared_weight(idx, weights, a: int, b: int) -> float:
+    """How much two positions' lookups agree: per head, the read weight they put on the same slots
+    (Σ over slots of min(w_a, w_b); each head's top-k weights sum to 1), averaged over the heads.
+    1 when both pick the same slots with the same weights, 0 when they share none."""
+    total = 0.0
+    for h in range(idx.shape[1]):
+        wb = dict(zip(idx[b, h].tolist(), weights[b, h].tolist()))
+        total += sum(min(x, wb[s]) for s, x in zip(idx[a, h].tolist(), weights[a, h].tolist()) if s in wb)
+    return total / idx.shape[1]
+
+
+def addresses(idx, weights, episode) -> dict[str, Any]:
+    """Where the question reads against where each needle wrote, in one in-pass read of a needle
+    episode (`clp niah`; idx, weights: (T, H, k) of one FwPKM layer, tensors or arrays; `episode`
+    a `streams.needles.Episode`, read by its fields). With look-ahead the token before a needle's number ("is") writes
+    the number's value under its own lookup, and the question's last token ("is") reads under its
+    own: `asked` and `others` are the shared weight (`shared_weight`) of the question's lookup with
+    the asked needle's write and, averaged, with the other needles'; `match` is 1 when the asked
+    needle's is the largest (shared among ties, so chance is 1 / needles); `between` is the mean
+    shared weight of two needles' writes with each other — what the template alone makes them share.
+    A memory keyed by the ID has match near 1 and `between` low; one keyed by the template has
+    asked ≈ others ≈ between."""
+    query = len(episode.haystack) + len(episode.question) - 1
+    writes = [start - 1 for start in episode.answer_starts]
+    shared = [shared_weight(idx, weights, query, p) for p in writes]
+    asked = shared[episode.asked]
+    others = [x for j, x in enumerate(shared) if j != episode.asked]
+    top = max(shared)
+    pairs = [shared_weight(idx, weights, a, b) for i, a in enumerate(writes) for b in writes[i + 1:]]
+    return {"asked": asked, "others": statistics.fmean(others) if others else None,
+            "match": (asked == top) / sum(x == top for x in shared),
+            "between": statistics.fmean(pairs) if pairs else None}
+
+
+def address_summary(runs: list[dict[str, Any]], flags: list[bool] | None = None) -> dict[str, Any]:
+    """Over one model's runs of the same episodes (each run's "address": {layer: {key: per-episode
+    `addresses` values}} and "hits"["in-pass"]: per-episode exact match): per layer, "address" the
+    mean of each key; "exact_by_address" in-pass exact match on the episodes whose address matched
+    (the asked needle's shared weight the largest, alone) and on those where another's was larger
+    (ties left out): does reading the asked needle's slots go with retrieving it; and with `flags`
+    (per episode: the asked needle's attribute is shared with another needle), "address_match_by_attribute",
+    the match rate where the attribute is unique and where only the name or ID tells the needles apart."""
+    from analysis.intervals import mean_of
+
+    layers = list(runs[0]["address"])
+    out: dict[str, Any] = {
+        "address": {layer: {key: mean_of([x for r in runs for x in r["address"][layer][key]])
+                            for key in runs[0]["address"][layer]} for layer in layers},
+        "exact_by_address": {layer: {kind: mean_of([h if m == value else None for r in runs
+                                                    for h, m in zip(r["hits"]["in-pass"], r["address"][layer]["match"])])
+                                     for kind, value in (("matched", 1.0), ("missed", 0.0))} for layer in layers}}
+    if flags is not None:
+        out["address_match_by_attribute"] = {
+            layer: {kind: mean_of([m for r in runs for m, f in zip(r["address"][layer]["match"], flags) if f == shared])
+                    for kind, shared in (("unique", False), ("shared", True))} for layer in layers}
+    return out
+
+
+def address_text(summary: dict[str, Any]) -> str:
+    """One model's `address_summary` as a line: per layer "L asked/others/between match m (unique a
+    / shared b), in-pass exact x where matched / y where not" (n/a: no such episode, — no value)."""
+    where = summary.get("address")
+    if where is None:
+        return "n/a"
+    split, by_address = summary.get("address_match_by_attribute", {}), summary.get("exact_by_address", {})
+
+    def two(values: dict[str, Any], keys: tuple[str, str], sep: str) -> str:
+        return sep.join("n/a" if values[k] is None else f"{values[k]:.2f}" for k in keys)
+
+    return "   ".join(
+        f"{layer} " + "/".join("—" if where[layer][k] is None else f"{where[layer][k]:.2f}"
+                               for k in ("asked", "others", "between"))
+        + f" match {where[layer]['match']:.2f}"
+        + ("" if layer not in split else f" (unique {two(split[layer], ('unique', 'shared'), ' / shared ')})")
+        + ("" if layer not in by_address else
+           f", in-pass exact {two(by_address[layer], ('matched', 'missed'), ' where matched / ')} where not")
+        for layer in where)

@@ -9,7 +9,7 @@
 Specification: docs/fwpkm.md (Zhao & Jones 2026). `FwPKMConfig` is the architecture (fixed by the
 base model); `WriteRule` is how the memory learns (a setting of the phase). Naive loop reference:
 `fwpkm_naive.py`; the two are compared on outputs, states after every chunk and gradients in
-`tests/cl_platform/test_fwpkm.py`. The product-key lookup is shared with the static PKM
+`tests/cl_platform/memory/test_fwpkm.py`. The product-key lookup is shared with the static PKM
 (`product_keys.py`).
 
 Shape letters: B batch, T tokens in the call, L tokens in the current chunk (≤ C), H heads,

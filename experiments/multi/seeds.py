@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 from analysis.aggregate import aggregate, format_aggregate
 from cl_platform.atomic import atomic_write_json, atomic_write_text
 from cl_platform.check import ConfigError
+from cl_platform.checkpoint import CheckpointError
 from cl_platform.config import load_config
 
 
@@ -75,5 +76,5 @@ def check_given_bases(config: str | Path, overrides: Sequence[str], base_seeds: 
     for b in base_seeds or []:
         try:
             load_run_config(config, [*overrides, f"pretrain.seed={b}"])
-        except ConfigError as err:
-            raise ConfigError(f"base seed {b}: {err}", field=err.field) from None
+        except (ConfigError, CheckpointError) as err:
+            raise ConfigError(f"base seed {b}: {err}", field=getattr(err, "field", "base_checkpoint")) from None

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cl_platform.check import ConfigError, check, read_yaml
 from experiments.config_files import relative_to
+from experiments.studies.study import Study
 
 # What a variant may change: where the memories sit, and the MLP width (an attention-only twin at
 # the FwPKM model's active parameters widens its MLPs instead of holding a memory); and the stream
@@ -112,3 +113,30 @@ def load_family(path: str | Path) -> Family:
     if not Path(family.base).is_file():
         raise ConfigError(f"family config {path}: field 'base': run config {family.base} does not exist", field="base")
     return family
+
+
+class FamilyStudy(Study):
+    """A study that scores the family's bases (`clp eval`, `clp repeat`): members every (variant,
+    base seed), `setups[(variant, seed)]` filled by the subclass's `prepare`; a cached member is
+    reused only for the same base (a rebuilt or changed base is scored again)."""
+
+    setups: dict[tuple[str, int], Any]
+
+    def members(self) -> list[tuple[str, int]]:
+        return [(v, s) for v in self.exp.variants for s in self.exp.seeds]
+
+    def fresh(self, name: str, seed: int, result: dict[str, Any]) -> bool:
+        from experiments.setup import base_key
+
+        return result.get("base_key") == base_key(self.setups[(name, seed)])
+
+    def base(self, name: str, seed: int, say: Callable[[str], None]) -> tuple[Any, dict, dict, dict[str, Any]]:
+        """(setup, the base's record, its weights, the member's first fields) of the member's base,
+        cached or pretrained now."""
+        from experiments.base import ensure_base
+        from experiments.setup import base_key
+
+        setup = self.setups[(name, seed)]
+        path, record, _, weights = ensure_base(setup, progress_bar=False, say=say)
+        return setup, record, weights, {"variant": name, "seed": seed, "base": str(path), "base_key": base_key(setup)}
+

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from analysis.intervals import interval_text, mean_std
 from cl_platform.check import ConfigError, check, is_int
-from experiments.studies.family import Family, check_variants
 from experiments.config_files import relative_to
-from experiments.studies.study import cached, load_study, study_folder, write_results
+from experiments.studies.family import Family, FamilyStudy, check_variants
+from experiments.studies.study import check_family_study, load_study, row, study_folder
 
 SETTINGS = ("off", "on")
 
@@ -56,10 +57,7 @@ class LongContextExperiment:
         check(isinstance(b, list) and len(b) >= 2 and all(is_int(x, 0) for x in b) and b[0] == 0
               and all(x < y for x, y in zip(b, b[1:])), self, "buckets",
               "must be increasing ints starting at 0 (bucket edges in tokens)")
-        check(self.split in ("eval", "dev"), self, "split", "must be 'eval' or 'dev'")
-        check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
-              self, "seeds", "must be a non-empty list of distinct ints")
-        check(is_int(self.bootstrap_samples, 1), self, "bootstrap_samples", "must be a positive int")
+        check_family_study(self)
 
 
 def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] | None = None,
@@ -141,48 +139,50 @@ def prepare(exp: LongContextExperiment, variant: str, seed: int):
     return setup
 
 
-def evaluate(exp: LongContextExperiment, setup, variant: str, seed: int, say: Callable[[str], None] = print,
-             progress_bar: bool = False) -> dict[str, Any]:
-    """The variant's base (cached, or pretrained now), scored by position bucket."""
-    from experiments.base import describe, ensure_base
-    from experiments.setup import base_key
+class LongContext(FamilyStudy):
+    """Members: every (variant, base seed); one is reused only for the same base (a rebuilt or
+    changed base is scored again). The summary: means over seeds, paired document-bootstrap
+    intervals of the differences."""
 
-    path, record, _, weights = ensure_base(setup, progress_bar=progress_bar, say=say)
-    say(f"{variant}, seed {seed}: scoring the {exp.split} split by position")
-    scores = score(setup, weights, exp.split, exp.buckets)
-    return {"variant": variant, "seed": seed, "base": str(path), "base_key": base_key(setup),
-            "base_record": {k: record.get(k) for k in ("final_eval_mean", "unigram_mean", "steps", "tokens", "seconds")},
-            "base_summary": describe(record), "window": setup.model_config.window, "scores": scores}
+    prefix = "longctx"
 
+    def prepare(self) -> None:
+        self.setups = {(v, s): prepare(self.exp, v, s) for v, s in self.members()}  # every error first
 
-def folder_of(exp: LongContextExperiment) -> Path:
-    fam = family(exp)
-    return study_folder(fam.resolved_runs_root(), "longctx", {"base": fam.identity()["base"], "buckets": exp.buckets,
-                                                              "split": exp.split})
+    def folder(self) -> Path:
+        fam = family(self.exp)
+        return study_folder(fam.resolved_runs_root(), self.prefix,
+                            {"base": fam.identity()["base"], "buckets": self.exp.buckets, "split": self.exp.split})
+
+    def score(self, name: str, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
+        """The variant's base (cached, or pretrained now), scored by position bucket."""
+        from experiments.base import describe
+
+        setup, record, weights, first = self.base(name, seed, say)
+        say(f"{name}, seed {seed}: scoring the {self.exp.split} split by position")
+        scores = score(setup, weights, self.exp.split, self.exp.buckets)
+        return {**first,
+                "base_record": {k: record.get(k) for k in ("final_eval_mean", "unigram_mean", "steps", "tokens", "seconds")},
+                "base_summary": describe(record), "window": setup.model_config.window, "scores": scores}
+
+    def summarise(self, results: list[dict]) -> dict[str, Any]:
+        return summarise(self.exp, results)
+
+    def table(self, summary: dict[str, Any]) -> str:
+        return table(self.exp, summary)
+
+    def finish(self, folder: Path, summary: dict[str, Any]) -> str:
+        from analysis.positions import positions_figure
+
+        fig = positions_figure({d: {v: summary["means"][v][d] for v in self.exp.variants} for d in summary["domains"]},
+                               self.exp.buckets, summary["window"])
+        fig.savefig(folder / "positions.png", dpi=120)
+        return f"results: {folder / 'results.json'}, plot: {folder / 'positions.png'}"
 
 
 def run(exp: LongContextExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
-    """Every (variant, seed), each saved as it finishes; finished ones are read back. The summary
-    (means over seeds, paired document-bootstrap intervals of the differences) is rebuilt."""
-    from experiments.setup import base_key
-
-    setups = {(v, s): prepare(exp, v, s) for v in exp.variants for s in exp.seeds}  # every error first
-    folder = folder_of(exp)
-    # A member is reused only for the same base (a rebuilt or changed base is scored again).
-    results = [cached(folder, variant, seed, lambda: evaluate(exp, setups[(variant, seed)], variant, seed, say),
-                      fresh=lambda r: r.get("base_key") == base_key(setups[(variant, seed)]))
-               for variant in exp.variants for seed in exp.seeds]
-    summary = summarise(exp, results)
-    text = table(exp, summary)
-    write_results(folder, summary, text)
-    from analysis.positions import positions_figure
-
-    fig = positions_figure({d: {v: summary["means"][v][d] for v in exp.variants} for d in summary["domains"]},
-                           exp.buckets, summary["window"])
-    fig.savefig(folder / "positions.png", dpi=120)
-    say(text)
-    say(f"results: {folder / 'results.json'}, plot: {folder / 'positions.png'}")
-    return folder, summary
+    """Every (variant, seed), each saved as it finishes; finished ones are read back."""
+    return LongContext(exp).run(say)
 
 
 def summarise(exp: LongContextExperiment, results: list[dict]) -> dict[str, Any]:
@@ -250,8 +250,6 @@ def beyond_window(minus_reference: dict, edges: list[int], window: int) -> dict[
     95 % Student-t interval over seeds (`analysis.aggregate.mean_std`; NaN with one seed: the
     unit is the pretraining seed, a base-dependent effect; the per-bucket document intervals are
     within-base). Where no bucket starts at the window the entry is empty."""
-    from analysis.aggregate import mean_std
-
     past = [i for i, lo in enumerate(edges[:-1]) if lo >= window]
     out: dict[str, dict[str, Any]] = {variant: {} for variant in minus_reference}
     for variant, by_d in minus_reference.items():
@@ -269,8 +267,7 @@ def _fmt_diff(cells: list[list[dict]], i: int) -> str:
     if any(math.isnan(v) for v in values):
         return "-"
     if len(cells) == 1:
-        c = cells[0][i]
-        return f"{c['value']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"
+        return interval_text(cells[0][i]["value"], cells[0][i]["low"], cells[0][i]["high"], "+.3f")
     excl = sum(1 for c in cells if c[i]["high"] < 0 or c[i]["low"] > 0)
     return f"{statistics.fmean(values):+.3f} ± {statistics.stdev(values):.3f} ({excl}/{len(cells)})"
 
@@ -278,27 +275,25 @@ def _fmt_diff(cells: list[list[dict]], i: int) -> str:
 def table(exp: LongContextExperiment, summary: dict) -> str:
     edges = summary["buckets"]
     heads = [f"{lo}-{hi}" for lo, hi in zip(edges[:-1], edges[1:])]
-    width = 26
     lines = [f"loss (nats/token) by position in the document, {summary['split']} split, attention window "
              f"{summary['window']}, mean over base seeds {summary['seeds']}; 'on': the FwPKM writes while reading"]
     for d in summary["domains"]:
         lines.append("")
         lines.append(f"{d}  ({summary['documents'][d]} documents; tokens per bucket "
                      + ", ".join(f"{n:,}" for n in summary["tokens"][d]) + ")")
-        lines.append(f"{'':>22s}" + "".join(f"{h:>{width}s}" for h in heads))
+        lines.append(row("", heads, 22, 26))
         for variant in exp.variants:
             for setting, values in summary["means"][variant][d].items():
                 if setting.endswith("_std"):
                     continue
                 std = summary["means"][variant][d].get(setting + "_std")
                 cells = [f"{v:.3f}" + (f" ± {s:.3f}" if std else "") for v, s in zip(values, std or values)]
-                lines.append(f"{variant + ' writes ' + setting:>22s}" + "".join(f"{c:>{width}s}" for c in cells))
+                lines.append(row(variant + " writes " + setting, cells, 22, 26))
         for variant, by_d in summary["differences"]["on_minus_off"].items():
-            cells = [_fmt_diff(by_d[d], i) for i in range(len(heads))]
-            lines.append(f"{'Δ ' + variant + ' on−off':>22s}" + "".join(f"{c:>{width}s}" for c in cells))
+            lines.append(row("Δ " + variant + " on−off", [_fmt_diff(by_d[d], i) for i in range(len(heads))], 22, 26))
         for variant, by_d in summary["differences"]["minus_reference"].items():
-            cells = [_fmt_diff(by_d[d], i) for i in range(len(heads))]
-            lines.append(f"{'Δ ' + variant + '−' + summary['reference']:>22s}" + "".join(f"{c:>{width}s}" for c in cells))
+            lines.append(row("Δ " + variant + "−" + summary["reference"], [_fmt_diff(by_d[d], i) for i in range(len(heads))],
+                             22, 26))
     for variant, by_d in summary.get("beyond", {}).items():
         if not by_d:
             continue
@@ -307,18 +302,18 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
                      f"token-weighted), per seed {summary['seeds']}, mean [95 % t-interval over seeds]:")
         for d, m in by_d.items():
             per = " / ".join(f"{v:+.3f}" for v in m["values"])
-            interval = "" if math.isnan(m["std"]) else f" [{m['t95'][0]:+.3f}, {m['t95'][1]:+.3f}]"
-            lines.append(f"  {d:<8s} {per:<28s} {m['mean']:+.3f}{interval}")
+            mean = f"{m['mean']:+.3f}" if math.isnan(m["std"]) else interval_text(m["mean"], *m["t95"], spec="+.3f")
+            lines.append(f"  {d:<8s} {per:<28s} {mean}")
     if len(summary["seeds"]) > 1 and "whole" in summary:
         lines.append("")
         lines.append(f"loss over the whole split (token-weighted), mean over seeds {summary['seeds']} (range: "
                      f"largest − smallest seed; the base-to-base spread)")
-        lines.append(f"{'':>22s}" + "".join(f"{d:>16s}" for d in summary["domains"]) + f"{'domain mean':>16s}")
+        lines.append(row("", [*summary["domains"], "domain mean"], 22, 16))
         for variant, by_setting in summary["whole"].items():
             for setting, by_d in by_setting.items():
                 columns = list(by_d.values()) + [[statistics.fmean(x) for x in zip(*by_d.values())]]
                 cells = [f"{statistics.fmean(v):.3f} ({max(v) - min(v):.3f})" for v in columns]
-                lines.append(f"{variant + ' writes ' + setting:>22s}" + "".join(f"{c:>16s}" for c in cells))
+                lines.append(row(variant + " writes " + setting, cells, 22, 16))
     lines.append("")
     lines.append("Δ: difference of mean losses, 95 % paired bootstrap interval over documents (one seed) or mean ± "
                  "std over seeds (k/n: seeds whose interval excludes 0); Δ v−reference compares v and the "

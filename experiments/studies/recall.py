@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from analysis.intervals import mean_and_std
 from cl_platform.atomic import atomic_write_json
 from cl_platform.check import check, is_int, is_number
-from experiments.studies.study import cached, load_study, study_folder, write_results
+from experiments.studies.study import Study, check_seeds, load_study, study_folder
 from streams.recall import RecallConfig
 
 # fwpkm: the same model with an FwPKM layer at `fwpkm_layer`. The paper's ablations, one change
@@ -86,8 +87,7 @@ class RecallExperiment:
             check(layer is not None and 0 <= layer < self.n_layer, self, "variants",
                   f"{v!r} places its memory at layer {layer}; the layers are 0..{self.n_layer - 1}")
         check(is_number(self.lr, 0, strict=True), self, "lr", "must be a number > 0")
-        check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
-              self, "seeds", "must be a non-empty list of distinct ints")
+        check_seeds(self)
         check(is_int(self.sequences_per_forward, 0) and self.sequences_per_forward <= self.batch_size, self,
               "sequences_per_forward", f"must be an int in 0..batch_size ({self.batch_size})")
         check(is_int(self.probe_every, 0), self, "probe_every", "must be an int >= 0")
@@ -233,40 +233,52 @@ def run(exp: RecallExperiment, say: Callable[[str], None] = print) -> tuple[Path
     return run_one(exp, say)
 
 
+class Recall(Study):
+    """Members: every (variant, seed), trained from scratch; one folder per setting, so adding a
+    variant or a seed trains only what is new."""
+
+    prefix = "recall"
+
+    def folder(self) -> Path:
+        identity = self.exp.identity()
+        folder = study_folder(self.exp.runs_root, self.prefix, identity)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / "config.json", identity)  # what the folder's hash is of, readable
+        return folder
+
+    def members(self) -> list[tuple[str, int]]:
+        return [(v, s) for v in self.exp.variants for s in self.exp.seeds]
+
+    def score(self, name: str, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
+        exp = self.exp
+        say(f"training {name}, seed {seed} ({exp.recall_config.num_pairs} pairs; {exp.steps} steps of {exp.batch_size} sequences)")
+        return train_and_score(exp, name, seed)
+
+    def summarise(self, results: list[dict]) -> dict[str, dict[str, Any]]:
+        """{variant: {distance: [mean, std]}} over seeds (std 0 for one seed); with probes, also
+        "steps_to_90": [per seed, None where the probe never reached 90 %]."""
+        out: dict[str, dict[str, Any]] = {}
+        for variant in self.exp.variants:
+            runs = [r for r in results if r["variant"] == variant]
+            out[variant] = {d: list(mean_and_std([r["accuracy"][d] for r in runs])) for d in map(str, self.exp.eval_distances)}
+            if self.exp.probe_every:
+                out[variant]["steps_to_90"] = [r.get("steps_to_90") for r in runs]
+        return out
+
+    def table(self, summary: dict[str, Any]) -> str:
+        cfg, exp = self.exp.recall_config, self.exp
+        head = (f"recall accuracy (exact match at the query positions; chance {1 / cfg.num_values:.3f}; attention window "
+                f"{exp.window}; {cfg.num_pairs} pairs; mean ± std over seeds {exp.seeds})")
+        lines = [head, f"{'distance':>22s} {_columns(exp)}"]
+        lines += [f"{variant:>22s} {_cells(exp, by_d)}" for variant, by_d in summary.items()]
+        return "\n".join(lines)
+
+    def outputs(self, results: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
+        return {"runs": results, "summary": summary}
+
+
 def run_one(exp: RecallExperiment, say: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
-    # One folder per setting; each (variant, seed) is its own file in it, so adding a variant or a
-    # seed trains only what is new.
-    identity = exp.identity()
-    folder = study_folder(exp.runs_root, "recall", identity)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(folder / "config.json", identity)
-
-    def train(variant: str, seed: int) -> dict[str, Any]:
-        say(f"training {variant}, seed {seed} ({exp.recall_config.num_pairs} pairs; {exp.steps} steps of {exp.batch_size} sequences)")
-        return train_and_score(exp, variant, seed)
-
-    results = [cached(folder, variant, seed, lambda: train(variant, seed)) for variant in exp.variants for seed in exp.seeds]
-    summary = summarise(exp, results)
-    text = table(exp, summary)
-    write_results(folder, {"runs": results, "summary": summary}, text)
-    say(text)
-    say(f"results: {folder / 'results.json'}")
-    return folder, summary
-
-
-def summarise(exp: RecallExperiment, results: list[dict]) -> dict[str, dict[str, Any]]:
-    """{variant: {distance: [mean, std]}} over seeds (std 0 for one seed); with probes, also
-    "steps_to_90": [per seed, None where the probe never reached 90 %]."""
-    out: dict[str, dict[str, Any]] = {}
-    for variant in exp.variants:
-        runs = [r for r in results if r["variant"] == variant]
-        out[variant] = {}
-        for d in map(str, exp.eval_distances):
-            values = [r["accuracy"][d] for r in runs]
-            out[variant][d] = [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
-        if exp.probe_every:
-            out[variant]["steps_to_90"] = [r.get("steps_to_90") for r in runs]
-    return out
+    return Recall(exp).run(say)
 
 
 def _columns(exp: RecallExperiment) -> str:
@@ -279,15 +291,6 @@ def _cells(exp: RecallExperiment, by_d: dict[str, Any]) -> str:
     if exp.probe_every:
         cells += "   " + "/".join("-" if v is None else str(v) for v in by_d["steps_to_90"])
     return cells
-
-
-def table(exp: RecallExperiment, summary: dict) -> str:
-    cfg = exp.recall_config
-    head = (f"recall accuracy (exact match at the query positions; chance {1 / cfg.num_values:.3f}; attention window "
-            f"{exp.window}; {cfg.num_pairs} pairs; mean ± std over seeds {exp.seeds})")
-    lines = [head, f"{'distance':>22s} {_columns(exp)}"]
-    lines += [f"{variant:>22s} {_cells(exp, by_d)}" for variant, by_d in summary.items()]
-    return "\n".join(lines)
 
 
 def grid_table(exp: RecallExperiment, summaries: dict[int, dict]) -> str:

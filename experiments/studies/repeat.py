@@ -40,14 +40,16 @@ Student-t interval over the seeds (the unit of a base-dependent effect). Results
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from analysis.intervals import bootstrap_mean, interval_text, mean_std
 from cl_platform.check import ConfigError, check, is_int
-from experiments.studies.family import Family, load_family
 from experiments.config_files import relative_to
-from experiments.studies.study import cached, load_study, study_folder, write_results
+from experiments.studies.family import Family, FamilyStudy, load_family
+from experiments.studies.study import check_family_study, load_study, row, study_folder
 
 SETTINGS = ("off", "on")
 
@@ -74,10 +76,7 @@ class RepeatExperiment:
         check(isinstance(self.gaps, list) and bool(self.gaps) and all(is_int(g, 0) for g in self.gaps)
               and len(set(self.gaps)) == len(self.gaps), self, "gaps", "must be a non-empty list of distinct ints >= 0")
         check(is_int(self.episodes, 1), self, "episodes", "must be a positive int")
-        check(self.split in ("eval", "dev"), self, "split", "must be 'eval' or 'dev'")
-        check(bool(self.seeds) and all(is_int(s) for s in self.seeds) and len(set(self.seeds)) == len(self.seeds),
-              self, "seeds", "must be a non-empty list of distinct ints")
-        check(is_int(self.bootstrap_samples, 1), self, "bootstrap_samples", "must be a positive int")
+        check_family_study(self)
 
 
 def load(path: str | Path, seeds: list[int] | None = None, variants: list[str] | None = None,
@@ -106,7 +105,6 @@ def family(exp: RepeatExperiment) -> Family:
                   runs_root=exp.runs_root or fam.runs_root)
 
 
-# --- episodes and scoring --------------------------------------------------------------------------
 def episode_pair(first: Any, second: Any, passage: int, gap: int):
     """(repeat, control) token tensors (2L + G,) from two segments' input ids: P F P and Q F P."""
     import torch
@@ -173,102 +171,92 @@ def prepare(exp: RepeatExperiment, fam: Family, variant: str, seed: int):
     return setup
 
 
-def evaluate(exp: RepeatExperiment, setup, variant: str, seed: int, say: Callable[[str], None] = print) -> dict[str, Any]:
-    from experiments.base import describe, ensure_base
-    from experiments.setup import base_key
-
-    path, record, _, weights = ensure_base(setup, progress_bar=False, say=say)
-    say(f"{variant}, seed {seed}: reading up to {exp.episodes} repeat/control pairs per domain and gap")
-    return {"variant": variant, "seed": seed, "base": str(path), "base_key": base_key(setup),
-            "base_summary": describe(record), "window": setup.model_config.window,
-            "reach": reach(setup.model_config), "scores": score(setup, weights, exp)}
-
-
 def reach(model_config) -> int | None:
     """How far back attention reaches through the stack: n_layer · (window − 1) for sliding-window
     attention; None (no bound) for full attention."""
     return model_config.n_layer * (model_config.window - 1) if model_config.mixer == "swa" else None
 
 
-def folder_of(exp: RepeatExperiment, fam: Family) -> Path:
-    return study_folder(fam.resolved_runs_root(), "repeat",
-                        {"base": fam.identity()["base"], "passage": exp.passage, "gaps": exp.gaps,
-                         "episodes": exp.episodes, "split": exp.split})
-
-
-# --- statistics ------------------------------------------------------------------------------------
 def recall_of(cell: dict[str, list[float]]) -> list[float]:
     """Per-episode recall: control − repeat loss of the final copy."""
     return [c - r for c, r in zip(cell["control"], cell["repeat"])]
 
 
-def episode_interval(values: list[float], samples: int, seed: int = 0) -> list[float]:
-    """95 % percentile bootstrap interval of the mean over episodes (within one base)."""
-    import numpy as np
+class Repeat(FamilyStudy):
+    """Members: every (variant, base seed); one is reused only for the same base."""
 
-    a = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    means = a[rng.integers(0, len(a), size=(samples, len(a)))].mean(axis=1)
-    return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
+    prefix = "repeat"
+
+    def prepare(self) -> None:
+        self.family = family(self.exp)
+        self.setups = {(v, s): prepare(self.exp, self.family, v, s) for v, s in self.members()}  # every error first
+
+    def folder(self) -> Path:
+        exp = self.exp
+        return study_folder(self.family.resolved_runs_root(), self.prefix,
+                            {"base": self.family.identity()["base"], "passage": exp.passage, "gaps": exp.gaps,
+                             "episodes": exp.episodes, "split": exp.split})
+
+    def score(self, name: str, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
+        from experiments.base import describe
+
+        exp = self.exp
+        setup, record, weights, first = self.base(name, seed, say)
+        say(f"{name}, seed {seed}: reading up to {exp.episodes} repeat/control pairs per domain and gap")
+        return {**first,
+                "base_summary": describe(record), "window": setup.model_config.window,
+                "reach": reach(setup.model_config), "scores": score(setup, weights, exp)}
+
+    def summarise(self, results: list[dict]) -> dict[str, Any]:
+        return summarise(self.exp, results)
+
+    def table(self, summary: dict[str, Any]) -> str:
+        return table(summary)
 
 
 def summarise(exp: RepeatExperiment, results: list[dict]) -> dict[str, Any]:
     """recall[variant][setting][gap][domain] = {per_seed, episode_ci (per seed), mean, std, t95};
     and, with a reference, each variant's best setting (writes on if it has them) minus the
     reference's (likewise), paired by seed."""
-    import statistics
-
-    from analysis.aggregate import mean_std
-
     by = {(r["variant"], r["seed"]): r for r in results}
     domains = list(results[0]["scores"])
-    recall: dict[str, Any] = {}
-    for v in exp.variants:
-        recall[v] = {}
-        for setting in by[(v, exp.seeds[0])]["scores"][domains[0]]:
-            recall[v][setting] = {}
-            for gap in exp.gaps:
-                cells = {}
-                for d in domains:
-                    per = [recall_of(by[(v, s)]["scores"][d][setting][str(gap)]) for s in exp.seeds]
-                    m = mean_std([statistics.fmean(p) for p in per])
-                    m["episode_ci"] = [episode_interval(p, exp.bootstrap_samples) for p in per]
-                    m["loss_repeat"] = statistics.fmean(statistics.fmean(by[(v, s)]["scores"][d][setting][str(gap)]["repeat"])
-                                                        for s in exp.seeds)
-                    m["loss_control"] = statistics.fmean(statistics.fmean(by[(v, s)]["scores"][d][setting][str(gap)]["control"])
-                                                         for s in exp.seeds)
-                    cells[d] = m
-                recall[v][setting][str(gap)] = cells
+
+    def cell(v: str, setting: str, gap: int, d: str) -> dict[str, Any]:
+        scores = [by[(v, s)]["scores"][d][setting][str(gap)] for s in exp.seeds]
+        per = [recall_of(c) for c in scores]
+        m = mean_std([statistics.fmean(p) for p in per])
+        m["episode_ci"] = [bootstrap_mean(p, exp.bootstrap_samples) for p in per]
+        m["loss_repeat"] = statistics.fmean(statistics.fmean(c["repeat"]) for c in scores)
+        m["loss_control"] = statistics.fmean(statistics.fmean(c["control"]) for c in scores)
+        return m
+
+    recall = {v: {setting: {str(gap): {d: cell(v, setting, gap, d) for d in domains} for gap in exp.gaps}
+                  for setting in by[(v, exp.seeds[0])]["scores"][domains[0]]} for v in exp.variants}
     differences: dict[str, Any] = {}
     if exp.reference is not None:
+        # each side as it is used: writing if it has an FwPKM (a memory reference, e.g. the plain
+        # base against the knob base, writes too; an attention reference has only "off")
+        ref = recall[exp.reference]["on" if "on" in recall[exp.reference] else "off"]
         for v in exp.variants:
-            if v == exp.reference:
-                continue
-            # each side as it is used: writing if it has an FwPKM (a memory reference, e.g. the plain
-            # base against the knob base, writes too; an attention reference has only "off")
-            best = "on" if "on" in recall[v] else "off"
-            ref = "on" if "on" in recall[exp.reference] else "off"
-            differences[v] = {str(gap): {d: mean_std([a - b for a, b in zip(recall[v][best][str(gap)][d]["values"],
-                                                                           recall[exp.reference][ref][str(gap)][d]["values"])])
-                                         for d in domains} for gap in exp.gaps}
-    window, reach = results[0]["window"], results[0]["reach"]
-    return {"reach": reach, "seeds": exp.seeds, "variants": exp.variants, "reference": exp.reference, "domains": domains,
-            "passage": exp.passage, "gaps": exp.gaps, "episodes": exp.episodes, "split": exp.split,
-            "window": window, "recall": recall, "minus_reference": differences}
+            if v != exp.reference:
+                best = recall[v]["on" if "on" in recall[v] else "off"]
+                differences[v] = {str(gap): {d: mean_std([a - b for a, b in zip(best[str(gap)][d]["values"],
+                                                                               ref[str(gap)][d]["values"])])
+                                             for d in domains} for gap in exp.gaps}
+    return {"reach": results[0]["reach"], "seeds": exp.seeds, "variants": exp.variants, "reference": exp.reference,
+            "domains": domains, "passage": exp.passage, "gaps": exp.gaps, "episodes": exp.episodes,
+            "split": exp.split, "window": results[0]["window"], "recall": recall, "minus_reference": differences}
 
 
 def _cell(m: dict[str, Any]) -> str:
-    if len(m["values"]) == 1:
-        lo, hi = m["episode_ci"][0]
-        return f"{m['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    return f"{m['mean']:+.3f} [{m['t95'][0]:+.3f}, {m['t95'][1]:+.3f}]"
+    """One seed: the mean over episodes [its bootstrap interval]; more: the mean [t-interval over seeds]."""
+    return interval_text(m["mean"], *(m["episode_ci"][0] if len(m["values"]) == 1 else m["t95"]), spec="+.3f")
 
 
 def table(summary: dict[str, Any]) -> str:
     seeds = summary["seeds"]
     how = ("95 % bootstrap interval over episodes, within one base" if len(seeds) == 1
            else f"mean over {len(seeds)} base seeds {seeds}, 95 % t-interval over the seeds")
-    width = 24
     lines = [f"verbatim recall (nats/token): loss of a passage of {summary['passage']} tokens after a different passage "
              f"minus after the same passage, the copies a gap apart; {summary['split']} split, "
              f"up to {summary['episodes']} episodes per domain; attention window {summary['window']}, reach through "
@@ -277,18 +265,15 @@ def table(summary: dict[str, Any]) -> str:
         where = ("the first copy within the window" if summary["passage"] + gap < summary["window"] else
                  "beyond the reach of attention" if summary["reach"] is not None and gap >= summary["reach"] else
                  "beyond one window, within the layers' reach")
-        lines.append("")
-        lines.append(f"gap {gap} ({where})")
-        lines.append(f"{'':>20s}" + "".join(f"{d:>{width}s}" for d in summary["domains"]))
+        lines += ["", f"gap {gap} ({where})", row("", summary["domains"], 20, 24)]
         for v, by_setting in summary["recall"].items():
             for setting, by_gap in by_setting.items():
                 label = v if setting == "off" and len(by_setting) == 1 else f"{v} writes {setting}"
-                lines.append(f"{label:>20s}" + "".join(f"{_cell(by_gap[str(gap)][d]):>{width}s}" for d in summary["domains"]))
+                lines.append(row(label, [_cell(by_gap[str(gap)][d]) for d in summary["domains"]], 20, 24))
         for v, by_gap in summary["minus_reference"].items():
-            cells = by_gap[str(gap)]
-            text = [(f"{m['mean']:+.3f}" if math.isnan(m["std"]) else f"{m['mean']:+.3f} [{m['t95'][0]:+.3f}, {m['t95'][1]:+.3f}]")
-                    for m in (cells[d] for d in summary["domains"])]
-            lines.append(f"{'Δ ' + v + '−' + summary['reference']:>20s}" + "".join(f"{t:>{width}s}" for t in text))
+            cells = [f"{m['mean']:+.3f}" if math.isnan(m["std"]) else interval_text(m["mean"], *m["t95"], spec="+.3f")
+                     for m in (by_gap[str(gap)][d] for d in summary["domains"])]
+            lines.append(row("Δ " + v + "−" + summary["reference"], cells, 20, 24))
     lines.append("")
     lines.append("recall 0: the second reading gains nothing from the first. Beyond the reach, attention alone and a "
                  "memory that does not write give exactly 0; Δ: a variant's recall (writing, if it has an FwPKM) "
@@ -298,20 +283,7 @@ def table(summary: dict[str, Any]) -> str:
 
 def run(exp: RepeatExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
     """Every (variant, seed), each saved as it finishes; finished ones are read back."""
-    from experiments.setup import base_key
-
-    fam = family(exp)
-    setups = {(v, s): prepare(exp, fam, v, s) for v in exp.variants for s in exp.seeds}  # every error first
-    folder = folder_of(exp, fam)
-    results = [cached(folder, v, s, lambda: evaluate(exp, setups[(v, s)], v, s, say),
-                      fresh=lambda r: r.get("base_key") == base_key(setups[(v, s)]))
-               for v in exp.variants for s in exp.seeds]
-    summary = summarise(exp, results)
-    text = table(summary)
-    write_results(folder, summary, text)
-    say(text)
-    say(f"results: {folder / 'results.json'}")
-    return folder, summary
+    return Repeat(exp).run(say)
 
 
 def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = None,

@@ -65,7 +65,7 @@ def _other_domains_run(tiny, folder: Path) -> Path:
 
 
 def _sweep(tiny, folder: Path, name: str, objective: dict) -> Path:
-    """Two trials on the tiny stream with a dev split (same base), as tests/experiments/test_sweep.py."""
+    """Two trials on the tiny stream with a dev split (same base), as tests/experiments/multi/test_sweep.py."""
     from experiments.multi import sweep
 
     spec = {**tiny.stream_spec, "cache_dir": str(tiny.root / "cache")}

@@ -7,7 +7,6 @@ row 0 is the one SIGTERM writes: a handler that did not save (or saved the wrong
 step assertions, and one that lost or repeated work fails the equality with the whole run."""
 import re
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -15,28 +14,20 @@ import torch
 
 from cl_platform.preemption import EXIT_CODE
 from cl_platform.results import RunResults
-from test_ddp_resume import SCRIPT, last_curve_step, start  # the slow-strategy CLI script, its probe, its launch
 
 
 @pytest.mark.slow
-def test_sigterm_saves_the_step_in_progress_and_resume_equals_the_whole_run(tiny, tmp_path):
+def test_sigterm_saves_the_step_in_progress_and_resume_equals_the_whole_run(tiny, tmp_path, kill_resume):
     from experiments.base import ensure_base
     from experiments.setup import load_setup
 
     overrides = dict(strategy={"name": "slow"}, cl={"curve_every": 1, "checkpoint_every": 1000})
     ensure_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
-    script = tmp_path / "slow_cli.py"
-    script.write_text(SCRIPT, encoding="utf-8")
-    whole = start(script, ["run", str(tiny.config(tmp_path / "whole.yaml", name="term-whole", **overrides))])
-    preempted = start(script, ["run", str(tiny.config(tmp_path / "term.yaml", name="term-cut", **overrides))])
-    deadline = time.time() + 300  # a polling limit, not a measurement
-    while last_curve_step(next(iter(tiny.runs.glob("term-cut-*")), None)) < 3:
-        assert preempted.poll() is None, preempted.communicate()
-        if time.time() > deadline:
-            pytest.fail("the run never reached step 3")
-        time.sleep(0.01)
-    preempted.send_signal(signal.SIGTERM)
-    out, err = preempted.communicate(timeout=300)
+    # The slow strategy (tests/experiments/conftest.py): 0.2 s a step.
+    whole = kill_resume.start(["run", str(tiny.config(tmp_path / "whole.yaml", name="term-whole", **overrides))])
+    preempted = kill_resume.start(["run", str(tiny.config(tmp_path / "term.yaml", name="term-cut", **overrides))])
+    [(out, err)] = kill_resume.kill_when(lambda: kill_resume.curve_step(tiny.runs, "term-cut-*") >= 3, preempted,
+                                         sig=signal.SIGTERM, what="step 3")
     assert preempted.returncode == EXIT_CODE == 143, (out[-2000:], err[-3000:])
     line = err.strip().splitlines()[-1]
     assert line.startswith("clp run: stopped by SIGTERM; last checkpoint:") and "--resume" in line, err[-3000:]
@@ -46,14 +37,11 @@ def test_sigterm_saves_the_step_in_progress_and_resume_equals_the_whole_run(tiny
     # The checkpoint is the one SIGTERM wrote: at the step the run stopped, past every curve point
     # it had recorded when the signal came, and not row 0's (step 0, the only periodic one).
     assert checkpoint["position"]["step"] == saved_step >= 3
-    assert last_curve_step(folder) == saved_step
+    assert kill_resume.last_curve_step(folder) == saved_step
     assert not RunResults.from_json(folder / "results.json").matrix.is_complete
 
-    out, err = whole.communicate(timeout=600)
-    assert whole.returncode == 0, err[-3000:]
-    resumed = start(script, ["run", str(tmp_path / "term.yaml"), "--resume"])
-    out, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err[-3000:]
+    kill_resume.finish(whole)
+    out = kill_resume.finish(kill_resume.start(["run", str(tmp_path / "term.yaml"), "--resume"]))
     assert f"(step {saved_step})" in out
     a = RunResults.from_json(next(tiny.runs.glob("term-whole-*")) / "results.json")
     b = RunResults.from_json(folder / "results.json")

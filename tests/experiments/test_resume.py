@@ -1,11 +1,5 @@
 """A run killed with SIGKILL in the middle of an experience, continued with --resume, gives the same
 results matrix and curves as an uninterrupted run: exactly, bit for bit."""
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,43 +9,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cl_platform.checkpoint import load_checkpoint
 from cl_platform.results import RunResults
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# Same as the naive strategy, but every step takes 50 ms longer: room to kill mid-experience.
-SLOW_CLI = """
-import sys, time
-import strategies
-from cl_platform.strategy import Strategy
-
-class Slow(Strategy):
-    def after_write(self, ctx):
-        time.sleep(0.05)
-
-strategies.STRATEGIES["slow"] = Slow
-from experiments.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def start(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", SLOW_CLI, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(proc: subprocess.Popen) -> str:
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
-    return out
-
-
-def curve_steps(folder: Path) -> int:
-    try:
-        data = json.loads((folder / "results.json").read_text())
-    except (OSError, ValueError):
-        return -1
-    points = data["curves"].get("math", [])
-    return points[-1][0] if points else -1
+# The slow strategy (tests/experiments/conftest.py), every step 50 ms longer: room to kill mid-experience.
+FAST_STEPS = {"CLP_TEST_STEP_SLEEP": "0.05"}
 
 
 def tb_curve(folder: Path, tag: str) -> list[tuple[int, float]]:
@@ -62,7 +21,7 @@ def tb_curve(folder: Path, tag: str) -> list[tuple[int, float]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fast", "finetune"])
-def test_sigkill_mid_experience_then_resume_gives_the_same_matrix(tiny, tmp_path, mode):
+def test_sigkill_mid_experience_then_resume_gives_the_same_matrix(tiny, tmp_path, kill_resume, mode):
     model = {"dropout": 0.1} if mode == "finetune" else {}  # finetune: randomness must resume too
     overrides = dict(model=model, strategy={"name": "slow"},
                      cl={"mode": mode, "curve_every": 1, "checkpoint_every": 2})
@@ -74,26 +33,19 @@ def test_sigkill_mid_experience_then_resume_gives_the_same_matrix(tiny, tmp_path
     whole = tiny.config(tmp_path / "whole.yaml", name=f"whole-{mode}", **overrides)
     killed = tiny.config(tmp_path / "killed.yaml", name=f"killed-{mode}", **overrides)
 
-    reference = start(["run", str(whole)])
-    victim = start(["run", str(killed)])
-    folder = None
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        folder = folder or next(iter(tiny.runs.glob(f"killed-{mode}-*")), None)
-        if folder is not None and curve_steps(folder) >= 9:  # experience 2 (steps 7-12) is under way
-            break
-        assert victim.poll() is None, victim.communicate()
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    reference_out = finish(reference)
+    reference = kill_resume.start(["run", str(whole)], **FAST_STEPS)
+    victim = kill_resume.start(["run", str(killed)], **FAST_STEPS)
+    # experience 2 (steps 7-12) is under way
+    kill_resume.kill_when(lambda: kill_resume.curve_step(tiny.runs, f"killed-{mode}-*") >= 9, victim, timeout=120)
+    reference_out = kill_resume.finish(reference)
+    folder = next(tiny.runs.glob(f"killed-{mode}-*"))
 
     partial = RunResults.from_json(folder / "results.json")
     assert not partial.matrix.is_complete and partial.matrix.last_complete_row == 1
     position = load_checkpoint(folder / "checkpoints" / "last.ckpt", "run")["position"]
     assert position["started"] and position["step"] >= 8 and position["segments_done"] > 0
 
-    resumed_out = finish(start(["run", str(killed), "--resume"]))
+    resumed_out = kill_resume.finish(kill_resume.start(["run", str(killed), "--resume"], **FAST_STEPS))
     assert f"resuming {folder}" in resumed_out
     whole_folder = next(tiny.runs.glob(f"whole-{mode}-*"))
     assert whole_folder.name.split("-")[-1] == folder.name.split("-")[-1]  # same config hash

@@ -211,7 +211,7 @@ def test_a_run_config_named_on_the_command_line_is_relative_to_the_working_direc
     line to the working directory (it used to be joined to the file's folder: configs/configs/...)."""
     from experiments.multi import compare, sweep_config
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     monkeypatch.chdir(root)
     configs = root / "experiments" / "configs"
     for loader, name in ((compare.load, "compare_strategies.yaml"), (sweep_config.load, "sweeps/fast_lr_chunk.yaml")):

@@ -11,8 +11,9 @@ import torch
 import yaml
 
 from cl_platform.check import ConfigError
-from experiments.studies.niah import (FINETUNE_MEMORY, addresses, finetune, load, read_in_pass, read_iteratively, run,
-                                     shared_weight)
+from analysis.memory_inspect import addresses, shared_weight
+from experiments.studies.needle_reading import finetune, read_in_pass, read_iteratively
+from experiments.studies.niah import FINETUNE_MEMORY, load, run
 from streams.needles import Episode
 from streams.needles import NeedleConfig, make_episode
 
@@ -65,7 +66,7 @@ def test_n_iter_is_n_reads_and_n_minus_1_whole_context_writes(model_and_episodes
 def test_candidate_rank_counts_the_needles_the_model_finds_likelier():
     from types import SimpleNamespace
 
-    from experiments.studies.niah import _rank
+    from experiments.studies.needle_reading import _rank
 
     # 3 needles, numbers of 2 tokens; the question ends at position 4 (haystack 3 + question 2)
     ep = SimpleNamespace(haystack=[0, 0, 0], question=[0, 0], candidates=[[5, 6], [7, 8], [5, 9]], asked=0)
@@ -83,7 +84,8 @@ def test_candidate_rank_counts_the_needles_the_model_finds_likelier():
 def test_answer_hits_are_the_teacher_forced_top1_of_each_answer_token():
     from types import SimpleNamespace
 
-    from experiments.studies.niah import _answer_hits, token_accuracy
+    from experiments.studies.needle_reading import _answer_hits
+    from experiments.studies.niah import token_accuracy
 
     # Inputs end with the answer but its last token: the last 3 positions predict its 3 tokens.
     ep = SimpleNamespace(answer=[5, 6, 7])
@@ -367,21 +369,21 @@ def test_the_needle_form_keys_the_folder_only_when_it_is_not_the_default(tiny, t
 
 
 def test_paired_episodes_averages_each_sides_runs_and_resamples_the_episodes():
-    from experiments.studies.niah import paired_episodes
+    from analysis.intervals import paired_bootstrap
 
-    assert paired_episodes([[1, 0, 1, 0]], [[1, 1, 1, 0]])["value"] == pytest.approx(0.25)
+    assert paired_bootstrap([[1, 0, 1, 0]], [[1, 1, 1, 0]])["value"] == pytest.approx(0.25)
     # Two runs of the other model: per episode 1, .5, 0, 0 against 0 -> 0.375.
-    assert paired_episodes([[0, 0, 0, 0]], [[1, 1, 0, 0], [1, 0, 0, 0]])["value"] == pytest.approx(0.375)
-    same = paired_episodes([[1, 0, 1, 1]], [[1, 0, 1, 1]])
+    assert paired_bootstrap([[0, 0, 0, 0]], [[1, 1, 0, 0], [1, 0, 0, 0]])["value"] == pytest.approx(0.375)
+    same = paired_bootstrap([[1, 0, 1, 1]], [[1, 0, 1, 1]])
     assert same == {"value": 0.0, "low": 0.0, "high": 0.0}
-    assert paired_episodes([[0] * 5], [[1] * 5]) == {"value": 1.0, "low": 1.0, "high": 1.0}
+    assert paired_bootstrap([[0] * 5], [[1] * 5]) == {"value": 1.0, "low": 1.0, "high": 1.0}
     # 50 of 200 episodes won, none lost: p = 0.25, the normal approximation's 95 % half-width
     # 1.96 * sqrt(.25 * .75 / 200) = 0.060.
-    wide = paired_episodes([[0] * 200], [[1] * 50 + [0] * 150])
+    wide = paired_bootstrap([[0] * 200], [[1] * 50 + [0] * 150])
     assert wide["value"] == pytest.approx(0.25)
     assert wide["low"] == pytest.approx(0.19, abs=0.02) and wide["high"] == pytest.approx(0.31, abs=0.02)
     with pytest.raises(ValueError, match="4 reference episodes against 3"):
-        paired_episodes([[1, 0, 1, 0]], [[1, 1, 1]])
+        paired_bootstrap([[1, 0, 1, 0]], [[1, 1, 1]])
 
 
 def test_over_base_seeds_is_each_bases_run_and_the_t_interval_over_them(tiny, tmp_path):

@@ -238,7 +238,7 @@ def test_two_workers_share_one_study_without_lost_or_duplicated_trials(tiny, tin
     proc = tiny.run_cli(["sweep", str(path), "--workers", "2"], script=SLOW_PARENT)
     study = study_of(path)
     # Trials the two workers asked for at the same moment past the target are surplus: refused
-    # before any run (tests/experiments/test_sweep_claims.py), not in trials.csv.
+    # before any run (tests/experiments/multi/test_sweep_claims.py), not in trials.csv.
     ran = [t for t in study.trials if not t.user_attrs.get("surplus")]
     assert len(ran) == 6 and all(t.state == TrialState.COMPLETE for t in ran)
     assert all(t.state == TrialState.FAIL and not t.params for t in study.trials if t not in ran)
@@ -324,12 +324,12 @@ def test_a_preempted_worker_queues_its_trial_which_continues_from_the_sigterm_st
 def test_the_shipped_sweep_loads():
     from pathlib import Path
 
-    sweep = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "configs" / "sweeps" / "fast_lr_chunk.yaml")
+    sweep = sc.load(Path(__file__).resolve().parents[3] / "experiments" / "configs" / "sweeps" / "fast_lr_chunk.yaml")
     assert Path(sweep.run).resolve().name == "default.yaml" and set(sweep.space) == {"cl.fwpkm.lr_values", "cl.fwpkm.chunk"}
     # Forgetting against gain, a Pareto front (a single loss + forgetting objective rewards learning
     # nothing: experiments/LOG.md); several objectives cannot prune.
     assert sweep.objective.is_multi and not sweep.prunes
-    ewc = sc.load(Path(__file__).resolve().parents[2] / "experiments" / "configs" / "sweeps" / "ewc_lambda.yaml")
+    ewc = sc.load(Path(__file__).resolve().parents[3] / "experiments" / "configs" / "sweeps" / "ewc_lambda.yaml")
     setup = sc.check_runs(ewc, "ewc_lambda.yaml")  # the fixed overrides and the space load through the run config
     assert setup.config.cl.mode == "finetune" and setup.config.strategy_name == "ewc"
 
