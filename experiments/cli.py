@@ -162,7 +162,7 @@ COMMANDS = (
             args=(QUICK, THREADS, arg("--variants", action="store_true",
                                       help="the baseline family: attention only, + PKM, + FwPKM, + both"),
                   arg("--seq-len", type=positive_int, default=512, help="tokens per sequence (B = 8)"))),
-    Command("bench device", "experiments.studies.bench_device:main", "the prepared GPU check: one table (issue 23)",
+    Command("bench device", "experiments.studies.bench_device:main", "the prepared GPU check: one table",
             args=(arg("--dry-run", action="store_true", help="the same code on the CPU at toy sizes"),)),
 )
 

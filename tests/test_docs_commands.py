@@ -468,3 +468,14 @@ def test_the_guide_links_resolve(path):
         if not (path.parent / file).exists():
             missing.append(target)
     assert not missing, f"{path.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_every_command_of_the_table_is_in_the_readme_command_list():
+    """The README's command table names every row of `experiments.cli.COMMANDS` (a new command
+    shows up in the first place a user looks)."""
+    from experiments.cli import COMMANDS
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## Commands"):text.index("## The main job")]
+    missing = [c.name for c in COMMANDS if f"`clp {c.name}" not in table]
+    assert not missing, f"README.md's command table lacks {missing}"
