@@ -265,8 +265,7 @@ class ContinualRunner:
             # of the previous experience before they are cleared.
             for layer in self.module.model.fwpkm_layers():
                 layer.reset_read_counts()
-            torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x1)
-            self.strategy.on_experience_start(ctx)
+            self._start_hook(ctx)
             self.position.start_experience()
         elif self._mid_experience is not None:
             self._start_again(ctx)
@@ -296,10 +295,14 @@ class ContinualRunner:
         the natural strategy, which sets things up in on_experience_start, resumes exactly."""
         model_state, strategy_state = self._mid_experience
         self._mid_experience = None
-        torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x1)
-        self.strategy.on_experience_start(dataclasses.replace(ctx, resumed=True))
+        self._start_hook(dataclasses.replace(ctx, resumed=True))
         self.module.model.load_state_dict(model_state)
         self.strategy.load_state_dict(strategy_state)
+
+    def _start_hook(self, ctx: StrategyContext) -> None:
+        # Seeded from (seed, step), so the hook draws the same numbers whenever it runs.
+        torch.manual_seed(step_seed(self.config.seed, self.position.step) ^ 0x1)
+        self.strategy.on_experience_start(ctx)
 
     def _check_ranks_agree(self, t: int) -> None:
         """Under DDP every rank must hold the same fast weights (the FwPKM layers sum their writes

@@ -158,15 +158,14 @@ def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | Non
 def warn_few_documents(setup: Setup, say: Callable[[str], None]) -> None:
     """One line per domain whose evaluated split holds too few documents for the document bootstrap
     (the printed intervals) to mean anything: an interval over one document has zero width."""
-    from analysis.bootstrap import EVAL_DOCS_REMEDY, MIN_DOCUMENTS
+    from analysis.bootstrap import EVAL_DOCS_REMEDY, MIN_DOCUMENTS, few_documents
 
     split = setup.config.cl.eval_split
-    for name in setup.scenario.eval_domains:
-        n = setup.scenario.domains[name].splits[split].n_docs
-        if n < MIN_DOCUMENTS:
-            say(f"warning: domain {name!r} has {n} {split} document{'' if n == 1 else 's'}, too few for its "
-                f"intervals to mean anything (fewer than {MIN_DOCUMENTS}); "
-                + EVAL_DOCS_REMEDY.format(stream=setup.config.stream))
+    documents = {name: setup.scenario.domains[name].splits[split].n_docs for name in setup.scenario.eval_domains}
+    for name, n in few_documents(documents).items():
+        say(f"warning: domain {name!r} has {n} {split} document{'' if n == 1 else 's'}, too few for its "
+            f"intervals to mean anything (fewer than {MIN_DOCUMENTS}); "
+            + EVAL_DOCS_REMEDY.format(stream=setup.config.stream))
 
 
 def memory_recorder(setup: Setup):
