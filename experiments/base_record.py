@@ -37,6 +37,7 @@ TOKENIZER_FILE = "tokenizer.json"  # a copy of the base's tokenizer, written bes
 @dataclass(frozen=True)
 class BaseRecord:
     path: Path  # the base.ckpt
+    key: str | None  # its pretraining key (None: not recorded)
     settings: dict[str, Any]  # its PretrainConfig fields, but where it ran
     tokenizer: dict[str, Any] | None  # {"fingerprint", "vocab_size", "file"}; None: not recorded
     seq_len: int | None  # None: not recorded
@@ -78,7 +79,7 @@ def read_base(value: str | Path) -> BaseRecord:
         record = load_checkpoint(path, "base").get("record")
     record = record if isinstance(record, dict) else {}
     stream = record.get("stream") if isinstance(record.get("stream"), dict) else {}
-    return BaseRecord(path=path, settings=pretrain_settings(record.get("config")),
+    return BaseRecord(path=path, key=record.get("key"), settings=pretrain_settings(record.get("config")),
                       tokenizer=stream.get("tokenizer"), seq_len=stream.get("seq_len"))
 
 
@@ -97,21 +98,6 @@ def pretrain_settings(config: Any) -> dict[str, Any]:
         rule = {f.name for f in dataclasses.fields(WriteRule)}
         settings["fwpkm"] = {k: v for k, v in settings["fwpkm"].items() if k in rule}
     return settings
-
-
-def contradictions(recorded: Any, pretrain: Any) -> list[str]:
-    """Where the run's `pretrain` section (a PretrainConfig) differs from a base's recorded
-    settings, one phrase a field; how progress was reported and where it ran are not compared
-    (they do not change a base), nor fields the record lacks (made by an older version)."""
-    from cl_platform.config import PretrainConfig
-
-    if not isinstance(recorded, dict):
-        return []
-    ours = dataclasses.asdict(pretrain)
-    skip = PretrainConfig.REPORTING + PretrainConfig.PLACEMENT
-    return [f"pretrain.{k} is {json.dumps(recorded[k], sort_keys=True)} in the base, "
-            f"{json.dumps(v, sort_keys=True)} in this run"
-            for k, v in ours.items() if k not in skip and k in recorded and recorded[k] != v]
 
 
 def stream_entry(tokenizer: Any, seq_len: int) -> dict[str, Any]:

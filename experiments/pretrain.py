@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from experiments.base import ensure_base
+from experiments.base import resolve_base
 from experiments.setup import load_setup
 
 
@@ -32,7 +32,7 @@ def report(record: dict) -> str:
 
 def main(config: str, overrides: Sequence[str] = (), reuse_stale_base: bool = False) -> int:
     setup = load_setup(config, overrides)
-    path, record, _, _ = ensure_base(setup, reuse_stale=reuse_stale_base)
-    print(report(record))
-    print(f"TensorBoard: tensorboard --logdir {path.parent / 'tensorboard'}")
+    base = resolve_base(setup, reuse_stale=reuse_stale_base)
+    print(report(base.record))
+    print(f"TensorBoard: tensorboard --logdir {base.path.parent / 'tensorboard'}")
     return 0

@@ -21,9 +21,17 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from cl_platform.base_file import BaseFile
+from cl_platform.checkpoint import latest_checkpoint
 from cl_platform.config import config_hash, to_yaml
+from cl_platform.engine import ContinualRunner
+from cl_platform.file_lock import FileLock
+from cl_platform.lm_module import precision_note
+from cl_platform.provenance import session
 from cl_platform.results import ResultsMatrix, RunResults, perplexity
-from experiments.base import base_entry, ensure_base, given_base
+from cl_platform.run_dir import CHECKPOINT, LOCK, RunDirError, create_run_dir, inspect_run_dir, record_resume
+from experiments.base import resolve_base
+from experiments.callbacks import default_callbacks
 from experiments.setup import Setup, base_key, build_model, load_setup, make_strategy, run_identity
 
 
@@ -56,54 +64,22 @@ def execute(
     """Everything `clp run` does but printing the final report: (run folder, results, runner or
     None when the run was already complete). `reuse_stale_base`: use a base built by other code
     instead of rebuilding (cached) or refusing (base_checkpoint) it; run.json records it."""
-    from cl_platform.file_lock import FileLock
-    from cl_platform.run_dir import CHECKPOINT, LOCK, RunDirError
-
+    child = is_child_rank()  # rank 0 decides about the run folder and prints; the others follow
+    if child:
+        say = _silent
     setup = load_setup(config, overrides)
+    warn_few_documents(setup, say)
     strategy = make_strategy(setup)  # an unknown strategy fails before anything is trained
     cfg = setup.config
-    if is_child_rank():
-        say = _silent
-    warn_few_documents(setup, say)
-    # Identity needs the base's key, not its weights: a finished run is found without pretraining.
-    weights = base = None
-    if cfg.base_checkpoint is None:
-        base_id = {"source": "pretrain", "key": base_key(setup)}
-    else:
-        base_id, weights, record = given_base(setup, say, reuse_stale=reuse_stale_base)
-        base = base_entry(Path(cfg.base_checkpoint), record, "given")
-    fields = run_identity(setup, base_id)
+    # Identity needs the base's key, not its weights: a finished run is found without loading
+    # (or pretraining) its base.
+    fields = run_identity(setup, base_identity(setup))
     run_hash = config_hash(fields)
     name = cfg.name or setup.config_path.stem
     folder = Path(run_dir) if run_dir is not None else Path(cfg.runs_root) / f"{name}-{run_hash[:12]}"
-    if is_child_rank():  # rank 0 holds the folder's lock and has made the folder decision; the others only read
-        from cl_platform.checkpoint import latest_checkpoint
-
-        return _execute(setup, strategy, weights, base, fields, run_hash, name, folder, "resume",
-                        latest_checkpoint(folder / CHECKPOINT) if resume else None, progress_bar, say, callbacks,
-                        reuse_stale_base)
     if folder.exists() and not folder.is_dir():
         raise RunDirError(f"{folder} is a file, not a run folder; choose another --run-dir")
-    # One process runs a folder: the lock is taken before the folder is looked at, so two commands
-    # started together cannot both decide to create, or to resume, the same run.
-    with FileLock(folder / LOCK, f"run folder {folder}", on_takeover=say):
-        from cl_platform.run_dir import inspect_run_dir
-
-        state, resume_from = inspect_run_dir(folder, run_hash, fields, resume)
-        return _execute(setup, strategy, weights, base, fields, run_hash, name, folder, state, resume_from,
-                        progress_bar, say, callbacks, reuse_stale_base)
-
-
-def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | None, fields: dict, run_hash: str,
-             name: str, folder: Path, state: str, resume_from: Path | None, progress_bar: bool,
-             say: Callable[[str], None], callbacks: list | None, reuse_stale_base: bool) -> tuple[Path, RunResults, Any]:
-    from cl_platform.engine import ContinualRunner
-    from cl_platform.provenance import session
-    from cl_platform.run_dir import create_run_dir, record_resume
-    from experiments.callbacks import default_callbacks
-
-    cfg = setup.config
-    if state == "complete":
+    if not child and inspect_run_dir(folder, run_hash, fields, resume)[0] == "complete":  # reads only; final once complete
         say(f"run {folder} is already complete (same configuration hash {run_hash[:12]})")
         if cfg.cl.inspect and not (folder / "inspect").is_dir():
             # Recording is not part of a run's identity (it changes no result), so an earlier run
@@ -111,25 +87,47 @@ def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | Non
             say(f"  it ran without cl.inspect, so it has no slot or gate records; to record them run it again "
                 f"into another folder: clp run {setup.config_path} --run-dir <new folder>")
         return folder, RunResults.from_json(folder / "results.json"), None
-    from cl_platform.lm_module import precision_note
+    # The one question to the base cache, before the run folder exists: a given base that this
+    # run cannot use is refused with nothing written. A DDP child rank takes the base rank 0 has
+    # settled on; it never moves or rebuilds one.
+    base = resolve_base(setup, say, reuse_stale=reuse_stale_base or child, progress_bar=progress_bar)
+    if child:  # rank 0 holds the folder's lock and has made the folder decision; the others only read
+        return _execute(setup, strategy, base, fields, run_hash, name, folder, "resume",
+                        latest_checkpoint(folder / CHECKPOINT) if resume else None, progress_bar, say, callbacks)
+    # One process runs a folder: the lock is taken before the folder is looked at again, so two
+    # commands started together cannot both decide to create, or to resume, the same run.
+    with FileLock(folder / LOCK, f"run folder {folder}", on_takeover=say):
+        state, resume_from = inspect_run_dir(folder, run_hash, fields, resume)
+        return _execute(setup, strategy, base, fields, run_hash, name, folder, state, resume_from,
+                        progress_bar, say, callbacks)
 
+
+def base_identity(setup: Setup) -> dict[str, str]:
+    """The base in the run's identity: the pretraining key of the given checkpoint (from its
+    record), or of the base this config pretrains."""
+    if setup.config.base_checkpoint is None:
+        return {"source": "pretrain", "key": base_key(setup)}
+    return {"source": "checkpoint", "key": setup.base_record.key}
+
+
+def _execute(setup: Setup, strategy: Any, base: BaseFile, fields: dict, run_hash: str, name: str, folder: Path,
+             state: str, resume_from: Path | None, progress_bar: bool, say: Callable[[str], None],
+             callbacks: list | None) -> tuple[Path, RunResults, Any]:
+    cfg = setup.config
+    if state == "complete":  # finished between the first look and the lock
+        return folder, RunResults.from_json(folder / "results.json"), None
+    resolved = resolved_yaml(setup, run_hash, name)
+    callbacks = default_callbacks() + list(callbacks or []) + ([memory_recorder(setup)] if cfg.cl.inspect else [])
+    model = build_model(setup.model_config, cfg.seed, cfg.pretrain.fwpkm)
+    model.load_state_dict(base.weights)
     if (note := precision_note(cfg.cl.precision, "cl.precision")) is not None:  # pretraining's: experiments/base.py
         say(note)
-    if weights is None:
-        # A DDP child rank takes the base rank 0 has settled on; it never moves or rebuilds one.
-        path, record, cached, weights = ensure_base(setup, progress_bar=progress_bar, say=say,
-                                                    reuse_stale=reuse_stale_base or is_child_rank())
-        base = base_entry(path, record, "cached" if cached else "pretrained")
+    entry = base.entry()
     if state == "new":
         # The base's wall time counts for this run only if this run pretrained it.
-        seconds = base["pretraining_seconds"] if base["how"] == "pretrained" else base["how"]
-        create_run_dir(folder, run_hash, fields, resolved_yaml(setup, run_hash, name),
-                       record={**session(), "base": base, "timings": {"base_pretraining": seconds}})
-    model = build_model(setup.model_config, cfg.seed, cfg.pretrain.fwpkm)
-    model.load_state_dict(weights)
-    callbacks = default_callbacks() + list(callbacks or [])
-    if cfg.cl.inspect:
-        callbacks.append(memory_recorder(setup))
+        seconds = entry["pretraining_seconds"] if base.how == "pretrained" else base.how
+        create_run_dir(folder, run_hash, fields, resolved,
+                       record={**session(), "base": entry, "timings": {"base_pretraining": seconds}})
     runner = ContinualRunner(
         model=model,
         stream=setup.scenario,
@@ -149,7 +147,7 @@ def _execute(setup: Setup, strategy: Any, weights: dict | None, base: dict | Non
         if resume_from is not None:
             say(f"resuming {folder} from {runner.saved_path} (step {runner.saved_step})")
         if state != "new" and not is_child_rank():
-            record_resume(folder, {**session(), "base": base})
+            record_resume(folder, {**session(), "base": entry})
 
     results = runner.run(resume_from=resume_from, on_restored=restored)
     return folder, results, runner

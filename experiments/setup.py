@@ -46,7 +46,12 @@ class Setup:
     config: RunConfig
     config_path: Path
     scenario: Any
-    model_config: ModelConfig
+    model_config: ModelConfig | None = None  # None: the config's, with the vocabulary of the stream's tokenizer
+    base_record: Any = None  # experiments.base_record.BaseRecord of the base the config names, if any
+
+    def __post_init__(self):
+        if self.model_config is None:
+            self.model_config = dataclasses.replace(self.config.model, vocab_size=self.scenario.tokenizer.vocab_size)
 
     @property
     def layer_names(self) -> list[str]:
@@ -91,15 +96,15 @@ def load_setup(config_path: str | Path, overrides: Sequence[str] = ()) -> Setup:
         if missing:
             raise ConfigError(f"{path}: run config field 'cl.eval_split': {cfg.cl.eval_split!r} but domain(s) "
                               f"{missing} have none; set token_budget.{cfg.cl.eval_split} in {cfg.stream}")
-    model_config = dataclasses.replace(cfg.model, vocab_size=scenario.tokenizer.vocab_size)
-    return Setup(cfg, path, scenario, model_config)
+    return Setup(cfg, path, scenario, base_record=base)
 
 
 def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[RunConfig, Any]:
     """The run config, with the `pretrain:` section of the base it names (if any) under the file's
     and the command line's values, and that base's record (experiments/base_record.BaseRecord,
     or None when the config names no base). Reads no stream."""
-    from experiments.base_record import contradictions, read_base
+    from cl_platform.base_file import contradictions
+    from experiments.base_record import read_base
 
     path = Path(path)
     cfg = load_config(path, overrides)
@@ -129,42 +134,37 @@ def build_model(model_config: ModelConfig, seed: int, rule: WriteRule | None = N
 
 
 def make_strategy(setup: Setup):
-    """The configured strategy object; an unknown name or bad arguments name the field.
+    """The configured strategy object; an unknown name, bad arguments, or a model, mode or stream
+    it cannot run with name the field, before any pretraining.
 
     A list of strategies (`strategy: [{name, kwargs}, ...]`) gives one `CompositeStrategy` of
     its members in order; errors name the element (`strategy[1].name`)."""
     from cl_platform.strategy import CompositeStrategy
+    from strategies import STRATEGIES, get_strategy
 
-    members = [_make_one(spec, where, setup) for where, spec in setup.config.strategy_fields]
+    where_from, mode = setup.config_path, setup.config.cl.mode
+    members = []
+    for where, spec in setup.config.strategy_fields:
+        if spec.name not in STRATEGIES:
+            raise ConfigError(f"{where_from}: run config field '{where}.name': unknown strategy {spec.name!r}; "
+                              f"allowed: {', '.join(sorted(STRATEGIES))}")
+        try:
+            member = get_strategy(spec.name, **spec.kwargs)
+        except (TypeError, ValueError) as err:  # constructor arguments that do not fit, or values it refuses
+            raise ConfigError(f"{where_from}: run config field '{where}.kwargs' {spec.kwargs!r}: {err}") from None
+        try:
+            member.check(setup.model_config, mode, setup.scenario)
+        except ValueError as err:
+            raise ConfigError(f"{where_from}: run config field '{where}' (with cl.mode {mode!r}): {err}") from None
+        members.append(member)
     # One strategy runs as itself (its checkpoint state is its own, as before lists existed).
     try:
         strategy = members[0] if len(members) == 1 else CompositeStrategy(members)
     except ValueError as err:
-        raise ConfigError(f"{setup.config_path}: run config field 'strategy': {err}") from None
+        raise ConfigError(f"{where_from}: run config field 'strategy': {err}") from None
     if strategy.routes_eval_memory and setup.config.cl.eval_memory == "reset":
-        raise ConfigError(f"{setup.config_path}: run config field 'cl.eval_memory': 'reset' re-draws the memory "
+        raise ConfigError(f"{where_from}: run config field 'cl.eval_memory': 'reset' re-draws the memory "
                           f"that the strategy's routing would replace; use 'frozen' or 'stream'")
-    return strategy
-
-
-def _make_one(spec, where: str, setup: Setup):
-    from strategies import STRATEGIES, get_strategy
-
-    config_path = setup.config_path
-    if spec.name not in STRATEGIES:
-        allowed = ", ".join(sorted(STRATEGIES))
-        raise ConfigError(f"{config_path}: run config field '{where}.name': unknown strategy {spec.name!r}; "
-                          f"allowed: {allowed}")
-    try:
-        strategy = get_strategy(spec.name, **spec.kwargs)
-    except (TypeError, ValueError) as err:  # constructor arguments that do not fit, or values it refuses
-        raise ConfigError(f"{config_path}: run config field '{where}.kwargs' {spec.kwargs!r}: {err}") from None
-    # The model, mode and stream it would run with: refused here, before any pretraining.
-    try:
-        strategy.check(setup.model_config, setup.config.cl.mode, setup.scenario)
-    except ValueError as err:
-        raise ConfigError(f"{config_path}: run config field '{where}' (with cl.mode {setup.config.cl.mode!r}): "
-                          f"{err}") from None
     return strategy
 
 
@@ -210,6 +210,14 @@ def stream_fingerprint(scenario, eval_split: str = "eval") -> str:
 
 def run_identity(setup: Setup, base: dict[str, str]) -> dict[str, Any]:
     """Everything the results depend on, and nothing about where files are or how progress is shown."""
+    scenario, names = setup.scenario, setup.layer_names
+    data = {
+        "experiences": [exp.domain for exp in scenario],
+        "eval_domains": list(scenario.eval_domains),
+        "seq_len": scenario.config.seq_len,
+        "stream": stream_fingerprint(scenario, setup.config.cl.eval_split),
+        "tokenizer": scenario.tokenizer.fingerprint,
+    }
     cfg = setup.config.to_dict()
     for name in WHERE_FIELDS:
         cfg.pop(name)
@@ -225,18 +233,11 @@ def run_identity(setup: Setup, base: dict[str, str]) -> dict[str, Any]:
     if setup.config.cl.mode == "fast":
         for name in FINETUNE_ONLY:
             cl.pop(name)
-    rules = setup.config.cl.write_rules(setup.layer_names)
-    scenario = setup.scenario
+    rules = setup.config.cl.write_rules(names)
     return {
         "config": cfg,
         "model": model_config_dict(setup.model_config),
         "write_rules": {name: dataclasses.asdict(rule) for name, rule in rules.items()},
-        "data": {
-            "experiences": [exp.domain for exp in scenario],
-            "eval_domains": list(scenario.eval_domains),
-            "seq_len": scenario.config.seq_len,
-            "stream": stream_fingerprint(scenario, setup.config.cl.eval_split),
-            "tokenizer": scenario.tokenizer.fingerprint,
-        },
+        "data": data,
         "base": base,
     }

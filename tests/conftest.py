@@ -90,9 +90,10 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_base(tiny):
     """The pretrained tiny base (pretrained once per session into the shared runs root)."""
-    from experiments.base import ensure_base
+    from experiments.base import resolve_base
     from experiments.setup import load_setup
 
     setup = load_setup(tiny.config(tiny.root / "base.yaml"))
-    path, record, _, _ = ensure_base(setup, progress_bar=False, say=lambda _: None)
+    base = resolve_base(setup, progress_bar=False, say=lambda _: None)
+    path, record = base.path, base.record
     return SimpleNamespace(path=path, record=record, setup=setup)

@@ -133,10 +133,11 @@ class FamilyStudy(Study):
     def base(self, name: str, seed: int, say: Callable[[str], None]) -> tuple[Any, dict, dict, dict[str, Any]]:
         """(setup, the base's record, its weights, the member's first fields) of the member's base,
         cached or pretrained now."""
-        from experiments.base import ensure_base
+        from experiments.base import resolve_base
         from experiments.setup import base_key
 
         setup = self.setups[(name, seed)]
-        path, record, _, weights = ensure_base(setup, progress_bar=False, say=say)
-        return setup, record, weights, {"variant": name, "seed": seed, "base": str(path), "base_key": base_key(setup)}
+        base = resolve_base(setup, say, progress_bar=False)
+        return setup, base.record, base.weights, {"variant": name, "seed": seed, "base": str(base.path),
+                                                  "base_key": base_key(setup)}
 

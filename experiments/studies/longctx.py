@@ -156,7 +156,7 @@ class LongContext(FamilyStudy):
 
     def score(self, name: str, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
         """The variant's base (cached, or pretrained now), scored by position bucket."""
-        from experiments.base import describe
+        from cl_platform.base_file import describe
 
         setup, record, weights, first = self.base(name, seed, say)
         say(f"{name}, seed {seed}: scoring the {self.exp.split} split by position")

@@ -213,12 +213,12 @@ class Needles(Study):
 
     def score(self, name: str, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
         """One model scored (fine-tuned first if asked)."""
-        from experiments.base import ensure_base
+        from experiments.base import resolve_base
         from experiments.setup import build_model
 
         exp, spec = self.exp, self.exp.models[name]
         setup = self.setups[spec["variant"]]
-        _, _, _, weights = ensure_base(setup, progress_bar=False, say=say)
+        weights = resolve_base(setup, say, progress_bar=False).weights
         rule, precision = dataclasses.replace(setup.config.pretrain.fwpkm, **(spec.get("rule") or {})), \
             setup.config.pretrain.precision
         model_config = reach_config(setup.model_config, spec)

@@ -198,7 +198,7 @@ class Repeat(FamilyStudy):
                              "episodes": exp.episodes, "split": exp.split})
 
     def score(self, name: str, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
-        from experiments.base import describe
+        from cl_platform.base_file import describe
 
         exp = self.exp
         setup, record, weights, first = self.base(name, seed, say)

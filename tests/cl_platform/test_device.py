@@ -106,14 +106,14 @@ def test_a_tensor_made_without_device_is_caught(tiny, tiny_base, tmp_path, monke
 
 
 def test_pretraining_device_side_code(tiny, tmp_path, monkeypatch):
-    from experiments.base import ensure_base
+    from experiments.base import resolve_base
     from experiments.setup import load_setup
 
     def base(root):
         setup = load_setup(tiny.config(tmp_path / "pre.yaml", runs_root=str(tmp_path / root)),
                            ["pretrain.steps=4", "pretrain.eval_every=2", "pretrain.checkpoint_every=2",
                             "pretrain.accelerator=cpu"])
-        return ensure_base(setup, progress_bar=False, say=quiet, shipped=())[3]
+        return resolve_base(setup, progress_bar=False, say=quiet, shipped=()).weights
 
     plain = base("plain")
     instrument(monkeypatch)

@@ -7,7 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cl_platform.pretrain import Pretrainer, unigram_losses
-from experiments.base import ensure_base
+from experiments.base import resolve_base
 from experiments.setup import base_key, load_setup
 
 
@@ -34,7 +34,8 @@ def test_base_beats_the_unigram_model_clearly(tiny_base):
 def test_second_request_uses_the_cache(tiny, tiny_base):
     setup = load_setup(tiny.config(tiny.root / "again.yaml", pretrain={"eval_every": 7}))  # reporting only
     said = []
-    path, record, cached, _ = ensure_base(setup, progress_bar=False, say=said.append)
+    base = resolve_base(setup, progress_bar=False, say=said.append)
+    path, record, cached = base.path, base.record, base.how != "pretrained"
     assert cached and path == tiny_base.path and record == tiny_base.record
     assert said and said[0].startswith("base model: cached")
     other = load_setup(tiny.config(tiny.root / "other.yaml", pretrain={"lr": 1e-3}))
@@ -49,10 +50,11 @@ def test_a_cpu_without_bfloat16_is_told_where_a_bf16_pretraining_starts_only(tin
     setup = load_setup(tiny.config(tmp_path / "bf16.yaml", runs_root=str(tmp_path / "runs")),
                        ["pretrain.steps=2", "pretrain.eval_every=2", "pretrain.precision=bf16-mixed"])
     said, again = [], []
-    ensure_base(setup, progress_bar=False, say=said.append)
+    resolve_base(setup, progress_bar=False, say=said.append)
     notes = [s for s in said if "no native bfloat16" in s]
     assert len(notes) == 1 and "set pretrain.precision=32-true" in notes[0] and "cl.precision" not in notes[0], notes
-    _, _, cached, _ = ensure_base(setup, progress_bar=False, say=again.append)
+    base = resolve_base(setup, progress_bar=False, say=again.append)
+    cached = base.how != "pretrained"
     assert cached and not any("no native bfloat16" in s for s in again), again
 
 
@@ -72,7 +74,8 @@ class Interrupted(Exception):
 def test_interrupted_pretraining_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
     small = {"steps": 40, "checkpoint_every": 20, "eval_every": 20}
     whole = load_setup(tiny.config(tmp_path / "whole.yaml", runs_root=str(tmp_path / "a"), pretrain=small))
-    _, _, _, reference = ensure_base(whole, progress_bar=False, say=lambda _: None)
+    base = resolve_base(whole, progress_bar=False, say=lambda _: None)
+    reference = base.weights
 
     cut = load_setup(tiny.config(tmp_path / "cut.yaml", runs_root=str(tmp_path / "b"), pretrain=small))
     save = Pretrainer.save_progress
@@ -83,11 +86,12 @@ def test_interrupted_pretraining_resumes_to_the_same_weights(tiny, tmp_path, mon
 
     monkeypatch.setattr(Pretrainer, "save_progress", save_then_die)
     with pytest.raises(Interrupted):
-        ensure_base(cut, progress_bar=False, say=lambda _: None)
+        resolve_base(cut, progress_bar=False, say=lambda _: None)
     monkeypatch.setattr(Pretrainer, "save_progress", save)
     before = torch.load(next((tmp_path / "b").glob("pretrain-*/last.ckpt")), weights_only=True)["record"]["seconds"]
     said = []
-    _, record, cached, resumed = ensure_base(cut, progress_bar=False, say=said.append)
+    base = resolve_base(cut, progress_bar=False, say=said.append)
+    record, cached, resumed = base.record, base.how != "pretrained", base.weights
     assert not cached and record["steps"] == 40
     assert all(torch.equal(reference[k], resumed[k]) for k in reference)
     # the record's seconds sum the sessions: the first one's, up to its checkpoint, are kept

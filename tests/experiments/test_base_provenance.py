@@ -11,7 +11,7 @@ import torch
 from cl_platform.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from cl_platform.provenance import VERSIONS, all_code, base_code
 from cl_platform.results import package_versions
-from experiments.base import base_dir, ensure_base
+from experiments.base import base_dir, resolve_base
 from experiments.cli import main as cli_main
 from experiments.run import execute
 from experiments.setup import base_key, load_setup
@@ -48,7 +48,7 @@ def rewrite_record(src, dst, change) -> dict:
 def stale_cache(tiny_base, runs, change, probe: bool = False):
     """A copy of the tiny base's cache folder under `runs`, its record changed by `change`; without
     its probe.json unless `probe` (a base that no probe vouches for, as those made before probes)."""
-    from experiments.base_probe import PROBE_FILE
+    from cl_platform.probe import PROBE_FILE
 
     folder = runs / tiny_base.path.parent.name
     shutil.copytree(tiny_base.path.parent, folder)
@@ -97,23 +97,25 @@ def test_a_cached_base_built_by_other_code_is_named_kept_aside_and_rebuilt(tiny,
 
 def test_a_cached_base_from_other_code_that_computes_the_same_function_is_used_and_one_that_does_not_is_rebuilt(
         tiny, tiny_base, tmp_path):
-    from experiments.base_probe import PROBE_FILE
+    from cl_platform.probe import PROBE_FILE
 
     runs = tmp_path / "runs"
     cache = stale_cache(tiny_base, runs, other_code, probe=True)
     before = (cache / "base.ckpt").read_bytes()
     setup = load_setup(tiny.config(tmp_path / "run.yaml", runs_root=str(runs)))
     said = []
-    path, record, cached, weights = ensure_base(setup, progress_bar=False, say=said.append)
+    base = resolve_base(setup, progress_bar=False, say=said.append)
+    path, record, cached, weights = base.path, base.record, base.how != "pretrained", base.weights
     assert cached and path == cache / "base.ckpt" and (cache / "base.ckpt").read_bytes() == before
     assert any(line.startswith(f"base model: cached {path} ({SAME_FUNCTION}; eval loss ") for line in said), said
-    assert 0 <= record["probe_difference"] <= 1e-4 and record["code"]["modules"][FWPKM] == "0" * 64
+    assert 0 <= base.probe_difference <= 1e-4 and record["code"]["modules"][FWPKM] == "0" * 64
     assert sorted(p.name for p in runs.iterdir() if p.name.startswith("pretrain-")) == [cache.name]  # nothing moved
     # A probe this code does not reproduce (one loss moved by 1e-3): moved aside and rebuilt.
     recorded = json.loads((cache / PROBE_FILE).read_text())
     (cache / PROBE_FILE).write_text(json.dumps({**recorded, "write": recorded["write"] + 1e-3}))
     said = []
-    _, rebuilt, cached, _ = ensure_base(setup, progress_bar=False, say=said.append)
+    base = resolve_base(setup, progress_bar=False, say=said.append)
+    rebuilt, cached = base.record, base.how != "pretrained"
     assert not cached and rebuilt["code"] == base_code()
     assert (runs / f"{cache.name}.stale-ffffffffffff" / "base.ckpt").read_bytes() == before
     assert any("moved to" in line for line in said), said
@@ -123,8 +125,9 @@ def test_a_cached_base_without_a_code_record_is_rebuilt_as_built_by_unknown_code
     runs = tmp_path / "runs"
     cache = stale_cache(tiny_base, runs, no_code)
     said = []
-    path, record, cached, _ = ensure_base(load_setup(tiny.config(tmp_path / "run.yaml", runs_root=str(runs))),
-                                          progress_bar=False, say=said.append)
+    base = resolve_base(load_setup(tiny.config(tmp_path / "run.yaml", runs_root=str(runs))), progress_bar=False,
+                        say=said.append)
+    path, record, cached = base.path, base.record, base.how != "pretrained"
     assert not cached and record["code"] == base_code()
     assert any(line.startswith(f"base model: cached {cache / 'base.ckpt'} was built by unknown code (its record has "
                                f"no code fingerprint") and f"moved to {runs / (cache.name + '.stale-unknown')}" in line
@@ -142,7 +145,8 @@ def test_an_unfinished_pretraining_started_by_other_code_starts_over(tiny, tmp_p
     save_checkpoint(out / "last.ckpt", "pretrain", setup.model_config,
                     {"key": key, "model": {}, "optimizer": None, "step": 10, "record": record})
     said = []
-    _, built, cached, _ = ensure_base(setup, progress_bar=False, say=said.append)
+    base = resolve_base(setup, progress_bar=False, say=said.append)
+    built, cached = base.record, base.how != "pretrained"
     aside = out.with_name(f"{out.name}.stale-ffffffffffff")
     assert f"base model: the unfinished pretraining in {out} was started by other code ({FWPKM} differs): " \
            f"moved to {aside}, starting over (--reuse-stale-base would continue it)" in said, said
@@ -197,7 +201,7 @@ def test_a_given_base_from_other_code_that_computes_the_same_function_is_used(ti
     """A shipped base outlives the code that built it: other code that reproduces its probe (the
     same losses on fixed tokens, writes off and on) uses it, naming the files that differ; a probe
     that does not match is refused with the difference, and nothing is written."""
-    from experiments.base_probe import PROBE_FILE, measure
+    from cl_platform.probe import PROBE_FILE, measure
 
     assert (tiny_base.path.parent / PROBE_FILE).is_file()  # every pretraining writes its probe
     recorded = json.loads((tiny_base.path.parent / PROBE_FILE).read_text())
@@ -231,9 +235,9 @@ def test_a_given_base_from_other_code_that_computes_the_same_function_is_used(ti
 
 def test_the_probe_is_float64_and_an_older_float32_probe_is_measured_as_recorded(tiny, tiny_base, tmp_path):
     """Probes are measured in float64 (float32 writes round differently on different CPUs, by more
-    than the tolerance: base_probe's docstring); a probe.json written by older code has no `dtype`
+    than the tolerance: cl_platform.probe's docstring); a probe.json written by older code has no `dtype`
     and is compared in float32, the precision it was recorded in — and can still fail."""
-    from experiments.base_probe import PROBE_FILE, TOLERANCE, measure, probe_difference
+    from cl_platform.probe import PROBE_FILE, TOLERANCE, measure, probe_difference
 
     recorded = json.loads((tiny_base.path.parent / PROBE_FILE).read_text())
     assert recorded["dtype"] == "float64"
@@ -357,7 +361,7 @@ def test_a_shipped_base_of_the_same_key_is_used_where_it_lies_instead_of_pretrai
     """experiments/bases/<name>/ holds bases under their key: a config that would pretrain one reads
     it (built by this code, or by other code whose probe reproduces); one whose probe no longer
     reproduces is named and passed over, and the base is pretrained as usual."""
-    from experiments.base_probe import PROBE_FILE
+    from cl_platform.probe import PROBE_FILE
 
     shipped = tmp_path / "bases"
     folder = shipped / "tiny-s0"
@@ -370,7 +374,8 @@ def test_a_shipped_base_of_the_same_key_is_used_where_it_lies_instead_of_pretrai
     runs = tmp_path / "runs"
     setup = load_setup(tiny.config(tmp_path / "run.yaml", runs_root=str(runs)))
     said = []
-    path, record, cached, weights = ensure_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    base = resolve_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    path, record, cached, weights = base.path, base.record, base.how != "pretrained", base.weights
     assert path == folder / "base.ckpt" and cached and record["key"] == base_key(setup)
     assert all(torch.equal(weights[k], v) for k, v in load_checkpoint(tiny_base.path, "base")["model"].items())
     assert any(line.startswith(f"base model: shipped {path}") for line in said)
@@ -379,13 +384,15 @@ def test_a_shipped_base_of_the_same_key_is_used_where_it_lies_instead_of_pretrai
     # Built by other code: still used while its probe reproduces ...
     rewrite_record(tiny_base.path, folder / "base.ckpt", other_code)
     said = []
-    path, record, _, _ = ensure_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
-    assert path == folder / "base.ckpt" and 0 <= record["probe_difference"] <= 1e-4
+    base = resolve_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    path, record = base.path, base.record
+    assert path == folder / "base.ckpt" and 0 <= base.probe_difference <= 1e-4
     assert said[-1].startswith(f"base model: shipped {path} (pretraining key {record['key'][:12]}; {SAME_FUNCTION}; "), said
     # ... and passed over, by name, once it does not: then the base is pretrained into the cache.
     probe = json.loads((folder / PROBE_FILE).read_text())
     (folder / PROBE_FILE).write_text(json.dumps({**probe, "read": probe["read"] + 1e-3}))
     said = []
-    path, _, cached, _ = ensure_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    base = resolve_base(setup, progress_bar=False, say=said.append, shipped=(shipped,))
+    path, cached = base.path, base.how != "pretrained"
     assert any("differs by 0.001 nats under this code: not used" in line for line in said)
     assert path == base_dir(setup, base_key(setup)) / "base.ckpt" and not cached

@@ -17,7 +17,7 @@ from cl_platform.results import RunResults
 @pytest.mark.slow
 def test_ddp_finetune_killed_mid_experience_and_during_evaluation_resumes_to_the_same_results(
         tiny, tmp_path, kill_resume):
-    from experiments.base import ensure_base
+    from experiments.base import resolve_base
     from experiments.setup import load_setup
 
     stream = tiny.write_yaml(tmp_path / "odd.yaml", {**tiny.stream_spec, "cache_dir": str(tiny.root / "cache"),
@@ -25,7 +25,7 @@ def test_ddp_finetune_killed_mid_experience_and_during_evaluation_resumes_to_the
     overrides = dict(stream=str(stream), model={"dropout": 0.1}, strategy={"name": "slow"},
                      cl={"mode": "finetune", "devices": 2, "curve_every": 1, "checkpoint_every": 2})
     # One base for all three runs, built here so that they do not race to pretrain it.
-    ensure_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
+    resolve_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
     marks = tmp_path / "marks"
     marks.mkdir()
 

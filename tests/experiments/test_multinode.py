@@ -37,12 +37,12 @@ def two_nodes(kill_resume, args: list[str], torchrun: bool = False) -> list[subp
 
 @pytest.mark.slow
 def test_two_nodes_on_loopback_equal_one_node_and_resume_after_sigkill(tiny, tmp_path, kill_resume):
-    from experiments.base import ensure_base
+    from experiments.base import resolve_base
     from experiments.setup import load_setup
 
     common = dict(strategy={"name": "slow"}, cl={"mode": "finetune", "curve_every": 1, "checkpoint_every": 2})
     nodes = {**common, "cl": {**common["cl"], "devices": 1, "num_nodes": 2}}
-    ensure_base(load_setup(tiny.config(tmp_path / "base.yaml", **common)), progress_bar=False, say=lambda _: None)
+    resolve_base(load_setup(tiny.config(tmp_path / "base.yaml", **common)), progress_bar=False, say=lambda _: None)
     # The slow strategy (tests/experiments/conftest.py): 0.2 s a step.
     one_node = kill_resume.start(["run", str(tiny.config(tmp_path / "one.yaml", name="nodes-one",
                                                          **{**common, "cl": {**common["cl"], "devices": 2}}))])

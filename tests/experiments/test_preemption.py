@@ -18,11 +18,11 @@ from cl_platform.results import RunResults
 
 @pytest.mark.slow
 def test_sigterm_saves_the_step_in_progress_and_resume_equals_the_whole_run(tiny, tmp_path, kill_resume):
-    from experiments.base import ensure_base
+    from experiments.base import resolve_base
     from experiments.setup import load_setup
 
     overrides = dict(strategy={"name": "slow"}, cl={"curve_every": 1, "checkpoint_every": 1000})
-    ensure_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
+    resolve_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
     # The slow strategy (tests/experiments/conftest.py): 0.2 s a step.
     whole = kill_resume.start(["run", str(tiny.config(tmp_path / "whole.yaml", name="term-whole", **overrides))])
     preempted = kill_resume.start(["run", str(tiny.config(tmp_path / "term.yaml", name="term-cut", **overrides))])

@@ -27,7 +27,7 @@ def worker(rank: int, config: str, out_dir: str, port: int, die_after: int) -> N
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from cl_platform.pretrain import Pretrainer
-    from experiments.base import ensure_base
+    from experiments.base import resolve_base
 
     if die_after:
         after_step = Pretrainer._after_step
@@ -38,7 +38,8 @@ def worker(rank: int, config: str, out_dir: str, port: int, die_after: int) -> N
                 os._exit(9)  # as SIGKILL: no handler, no clean-up, right after the checkpoint
 
         Pretrainer._after_step = die
-    _, record, _, weights = ensure_base(load_setup(config), progress_bar=False, say=lambda _: None)
+    base = resolve_base(load_setup(config), progress_bar=False, say=lambda _: None)
+    record, weights = base.record, base.weights
     torch.save({"weights": weights, "record": record}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -91,9 +92,10 @@ def test_two_ranks_pretrain_one_base_and_resume_after_a_kill_bit_for_bit(tiny, t
     # One process on the same 4 segments a step: the first step starts from the same weights and
     # reads the same tokens, so its loss is the two ranks' mean up to float summation order.
     one = load_setup(tiny.config(tmp_path / "one.yaml", runs_root=str(tmp_path / "one"), pretrain=SMALL))
-    from experiments.base import ensure_base
+    from experiments.base import resolve_base
 
-    _, single, _, _ = ensure_base(one, progress_bar=False, say=lambda _: None)
+    base = resolve_base(one, progress_bar=False, say=lambda _: None)
+    single = base.record
     assert single["loss_curve"][0][1] == pytest.approx(r0["record"]["loss_curve"][0][1], rel=1e-5)
 
     # Killed (both ranks, no clean-up) right after the checkpoint of step 4, then started again.

@@ -26,10 +26,10 @@ def test_sigkill_mid_experience_then_resume_gives_the_same_matrix(tiny, tmp_path
     overrides = dict(model=model, strategy={"name": "slow"},
                      cl={"mode": mode, "curve_every": 1, "checkpoint_every": 2})
     if model:
-        from experiments.base import ensure_base
+        from experiments.base import resolve_base
         from experiments.setup import load_setup
 
-        ensure_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
+        resolve_base(load_setup(tiny.config(tmp_path / "base.yaml", **overrides)), progress_bar=False, say=lambda _: None)
     whole = tiny.config(tmp_path / "whole.yaml", name=f"whole-{mode}", **overrides)
     killed = tiny.config(tmp_path / "killed.yaml", name=f"killed-{mode}", **overrides)
 

@@ -14,7 +14,7 @@ import pytest
 from cl_platform.checkpoint import load_checkpoint, model_config_dict
 from cl_platform.config import PretrainConfig
 from experiments.setup import load_run_config
-from experiments.base_probe import PROBE_FILE, TOLERANCE, probe_difference
+from cl_platform.probe import PROBE_FILE, TOLERANCE, probe_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 BASES = ROOT / "experiments" / "bases"
