@@ -49,39 +49,18 @@ class SubsetRule:
     hash_prefix_chars: int | None = None  # sha256(id) order, longest prefix within this many chars
 
 
+# One rule a shipped file: (sources, out, licenses) then what is kept of them.
 RULES: tuple[SubsetRule, ...] = (
-    SubsetRule(
-        sources=("math/gsm8k/train.jsonl.gz", "math/gsm8k/test.jsonl.gz"),
-        out="math/gsm8k/gsm8k.jsonl.gz",
-        licenses=("math/gsm8k/LICENSE",),
-    ),
-    SubsetRule(
-        sources=("math/hendrycks_math/train.jsonl.gz", "math/hendrycks_math/test.jsonl.gz"),
-        out="math/hendrycks_math/math.jsonl.gz",
-        licenses=("math/hendrycks_math/LICENSE",),
-        every=3,
-    ),
-    SubsetRule(
-        sources=("law/cuad/contracts.jsonl.gz",),
-        out="law/cuad/contracts.jsonl.gz",
-        licenses=("law/cuad/CUAD_v1_README.txt",),
-        min_chars=5_000,
-        max_chars=60_000,
-        hash_prefix_chars=5_000_000,
-    ),
-    SubsetRule(
-        sources=("code/cpython_stdlib/stdlib.jsonl.gz",),
-        out="code/cpython_stdlib/stdlib.jsonl.gz",
-        licenses=("code/cpython_stdlib/LICENSE.txt",),
-        min_chars=1_000,
-        max_chars=50_000,
-        hash_prefix_chars=6_000_000,
-    ),
-    SubsetRule(
-        sources=("web/c4/c4_validation_2k.jsonl.gz",),
-        out="web/c4/c4_validation_2k.jsonl.gz",
-        licenses=(),  # the source ships none; LICENSE.md in corpora/web/c4 is written by hand
-    ),
+    SubsetRule(("math/gsm8k/train.jsonl.gz", "math/gsm8k/test.jsonl.gz"), "math/gsm8k/gsm8k.jsonl.gz",
+               ("math/gsm8k/LICENSE",)),
+    SubsetRule(("math/hendrycks_math/train.jsonl.gz", "math/hendrycks_math/test.jsonl.gz"),
+               "math/hendrycks_math/math.jsonl.gz", ("math/hendrycks_math/LICENSE",), every=3),
+    SubsetRule(("law/cuad/contracts.jsonl.gz",), "law/cuad/contracts.jsonl.gz", ("law/cuad/CUAD_v1_README.txt",),
+               min_chars=5_000, max_chars=60_000, hash_prefix_chars=5_000_000),
+    SubsetRule(("code/cpython_stdlib/stdlib.jsonl.gz",), "code/cpython_stdlib/stdlib.jsonl.gz",
+               ("code/cpython_stdlib/LICENSE.txt",), min_chars=1_000, max_chars=50_000, hash_prefix_chars=6_000_000),
+    # The source ships no licence; LICENSE.md in corpora/web/c4 is written by hand.
+    SubsetRule(("web/c4/c4_validation_2k.jsonl.gz",), "web/c4/c4_validation_2k.jsonl.gz", ()),
 )
 
 

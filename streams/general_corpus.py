@@ -581,17 +581,10 @@ def read_manifest(path: Path) -> dict:
     return data
 
 
-def make_manifest(
-    gutenberg: Path,
-    wikipedia: Path,
-    manifest: Path = MANIFEST,
-    *,
-    gutenberg_commit: str = GUTENBERG_COMMIT,
-    wikipedia_commit: str | None = None,
-    gutenberg_chars: int = GUTENBERG_CHARS,
-    wikipedia_chars: int = WIKIPEDIA_CHARS,
-    log: Log = lambda s: None,
-) -> dict:
+def make_manifest(gutenberg: Path, wikipedia: Path, manifest: Path = MANIFEST, *,
+                  gutenberg_commit: str = GUTENBERG_COMMIT, wikipedia_commit: str | None = None,
+                  gutenberg_chars: int = GUTENBERG_CHARS, wikipedia_chars: int = WIKIPEDIA_CHARS,
+                  log: Log = lambda s: None) -> dict:
     """Apply the rule to the whole of both sources (git repositories) and write the manifest."""
     if wikipedia_commit is None:
         r = subprocess.run(["git", "-C", str(wikipedia), "rev-parse", "HEAD"], capture_output=True, env=_git_env())
@@ -665,16 +658,8 @@ def _gzip_jsonl(rows: Iterable[dict]) -> tuple[bytes, str]:
     return buf.getvalue(), hashlib.sha256(content).hexdigest()
 
 
-def build(
-    gutenberg: Path,
-    wikipedia: Path,
-    out: Path = GENERAL_DIR,
-    *,
-    manifest: Path = MANIFEST,
-    gutenberg_chars: int | None = None,
-    wikipedia_chars: int | None = None,
-    log: Log = lambda s: None,
-) -> dict:
+def build(gutenberg: Path, wikipedia: Path, out: Path = GENERAL_DIR, *, manifest: Path = MANIFEST,
+          gutenberg_chars: int | None = None, wikipedia_chars: int | None = None, log: Log = lambda s: None) -> dict:
     """Build the corpus into `out/data/` from the manifest's files; returns BUILD.json's content.
 
     `gutenberg_chars` / `wikipedia_chars` default to the manifest's targets (200 M / 40 M); a
