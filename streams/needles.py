@@ -14,6 +14,14 @@ same token ids), so that exact match asks for the tokens the needle holds. The q
 the needle's opening words, so the tokens that precede the answer are the tokens that preceded
 the number in the needle.
 
+**Any needle** (style `secret`): `template` is the sentence, any "... {id} ... is {number}." with
+the number last (the paper's "The secret number for ID-{id} is {number}." by default);
+`id_alphabet` "digits" (1000–9999 at `id_length` 4, as before the field) or "hex" (the paper's 4
+hex characters); `number_digits` the number's length. The question is the paper's for any
+template: "What is <the sentence up to ' is', first letter lowered>? <the sentence up to the number>".
+A base pretrained with the retrieval knob's `form: secret` has read the paper's sentence: test it
+on another template and other text, so that what is measured is retrieval, not the template.
+
 `style: fact` swaps the needle for the retrieval knob's own kind of sentence (streams/retrieval.py:
 " Zorostbar Rentha's locker number is 1677.", an invented name and a 4-digit number) and the
 question for the needle restated up to its number, as the knob's episodes recall a fact: the task a
@@ -42,7 +50,8 @@ import numpy as np
 
 from streams.retrieval import ATTRIBUTES, FORMS, NEEDLE, VALUES, invented_name, subject
 
-QUESTION = "What is the secret number for ID-{id}? The secret number for ID-{id} is"
+PAPER_TEMPLATE = NEEDLE + " {number}."  # "The secret number for ID-{id} is {number}."
+ALPHABETS = {"digits": "0123456789", "hex": "0123456789abcdef"}  # the paper's IDs are 4 hex characters
 STYLES = ("secret", "fact", "word")
 WORD_VALUES = sum(map(len, VALUES.values()))  # distinct answers style "word" can draw
 
@@ -57,6 +66,11 @@ class NeedleConfig:
     depths: tuple[float, ...] = (0.05, 0.2, 0.35, 0.5, 0.65)
     style: str = "secret"  # "secret": the paper's needle; "fact", "word": the retrieval knob's facts (module doc)
     form: str = "name_first"  # fact and word needles: the name first or right before the value (module doc)
+    # Style "secret" (module doc, "Any needle"): the sentence, its IDs and its numbers.
+    template: str = PAPER_TEMPLATE  # "... {id} is {number}." with the number last
+    id_alphabet: str = "digits"  # "digits" (no leading 0, as 1000-9999) or "hex" (any of 16^length)
+    id_length: int = 4
+    number_digits: int = 6  # the numbers are drawn from [10^(digits-1), 10^digits)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -66,7 +80,13 @@ class NeedleConfig:
         if self.style == "secret" and self.form != "name_first":
             raise ValueError("needles.form applies to styles 'fact' and 'word'; the secret needle has its ID right "
                              "before 'is' already")
-        for name in ("haystack_tokens", "needles"):
+        check_template(self.template)
+        if self.style != "secret" and (self.template, self.id_alphabet, self.id_length, self.number_digits) != \
+                (PAPER_TEMPLATE, "digits", 4, 6):
+            raise ValueError("needles.template, id_alphabet, id_length and number_digits apply to style 'secret'")
+        if self.id_alphabet not in ALPHABETS:
+            raise ValueError(f"needles.id_alphabet must be one of {list(ALPHABETS)}, got {self.id_alphabet!r}")
+        for name in ("haystack_tokens", "needles", "id_length", "number_digits"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"needles.{name} must be a positive int, got {value!r}")
@@ -77,9 +97,45 @@ class NeedleConfig:
         if self.haystack_tokens < 20 * self.needles:
             raise ValueError(f"needles.haystack_tokens ({self.haystack_tokens}) is shorter than its {self.needles} "
                              f"needles (~16 tokens each) need: at least {20 * self.needles}")
+        if self.style == "secret" and self.needles > id_count(self.id_alphabet, self.id_length):
+            raise ValueError(f"needles.needles ({self.needles}) is more than the {id_count(self.id_alphabet, self.id_length)} "
+                             f"distinct IDs of {self.id_length} {self.id_alphabet} characters")
         if self.style == "word" and self.needles > WORD_VALUES:
             raise ValueError(f"needles.needles ({self.needles}) is more than the {WORD_VALUES} distinct word values "
                              f"style 'word' has")
+
+
+def check_template(template: str) -> None:
+    """A secret needle's sentence: `{id}` once, then `{number}` once, last but for punctuation,
+    after " is" (so that the question can ask "What is ...?" and restate the needle up to the number)."""
+    if not isinstance(template, str) or template.count("{id}") != 1 or template.count("{number}") != 1:
+        raise ValueError(f"needles.template must hold {{id}} once and {{number}} once, got {template!r}")
+    opening, tail = template.split("{number}")
+    if "{id}" not in opening or not opening.endswith(" is ") or tail.strip(".!;") != "":
+        raise ValueError(f"needles.template must read '... {{id}} ... is {{number}}.' (the number last, after "
+                         f"' is '), got {template!r}")
+
+
+def id_count(alphabet: str, length: int) -> int:
+    base = len(ALPHABETS[alphabet])
+    return base ** length - (base ** (length - 1) if alphabet == "digits" else 0)
+
+
+def draw_ids(cfg: NeedleConfig, rng: np.random.Generator) -> list[str]:
+    """cfg.needles distinct IDs: decimal without a leading 0 (1000-9999 at length 4), or hex."""
+    if cfg.id_alphabet == "digits":
+        low = 10 ** (cfg.id_length - 1)
+        return [str(x) for x in rng.choice(np.arange(low, 10 * low), size=cfg.needles, replace=False)]
+    return [format(int(x), f"0{cfg.id_length}x") for x in rng.choice(16 ** cfg.id_length, size=cfg.needles, replace=False)]
+
+
+def question_text(template: str, id_: str) -> str:
+    """The paper's question for any template: "What is <the needle up to ' is', first letter
+    lowered>? <the needle up to its number>" ("What is the secret number for ID-xxxx? The secret
+    number for ID-xxxx is")."""
+    opening = template.split("{number}")[0].rstrip().replace("{id}", id_)
+    asked = opening[:-len(" is")]
+    return f"What is {asked[:1].lower()}{asked[1:]}? {opening}"
 
 
 def check_depths(depths: Sequence[float], where: str) -> None:
@@ -122,8 +178,8 @@ class Episode:
 def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.random.Generator,
                  depths: Sequence[float] | None = None, asked: int | None = None) -> Episode:
     """One haystack from a random window of `source` (1-D token ids) with `cfg.needles` needles
-    at `depths` (default cfg.depths; sorted), distinct 4-digit IDs and 6-digit numbers, and a
-    question about needle `asked` (default: drawn)."""
+    at `depths` (default cfg.depths; sorted), distinct IDs and numbers (`cfg.id_alphabet`,
+    `id_length`, `number_digits`), and a question about needle `asked` (default: drawn)."""
     depths = sorted(cfg.depths if depths is None else depths)
     check_depths(depths, "needle depths")
     if len(depths) != cfg.needles:
@@ -132,8 +188,9 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
         raise ValueError(f"the haystack source has {len(source):,} tokens, fewer than needles.haystack_tokens = "
                          f"{cfg.haystack_tokens:,}")
     if cfg.style == "secret":
-        ids = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
-        numbers = [str(int(x)) for x in rng.integers(100000, 1000000, size=cfg.needles)]
+        ids = draw_ids(cfg, rng)
+        low = 10 ** (cfg.number_digits - 1)
+        numbers = [str(int(x)) for x in rng.integers(low, 10 * low, size=cfg.needles)]
     elif cfg.style == "fact":  # ids are the facts' subjects ("Zorostbar Rentha's locker number"), numbers distinct
         ids = fact_subjects(rng, cfg.needles)
         numbers = [str(x) for x in rng.choice(np.arange(1000, 10000), size=cfg.needles, replace=False)]
@@ -142,13 +199,13 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
     asked = int(rng.integers(0, cfg.needles)) if asked is None else asked
     if not 0 <= asked < cfg.needles:
         raise ValueError(f"asked needle {asked} does not exist (needles: {cfg.needles})")
-    needles = [needle_tokens(tokenizer, id_, number, cfg.style, cfg.form) for id_, number in zip(ids, numbers)]
+    needles = [needle_tokens(tokenizer, id_, number, cfg.style, cfg.form, cfg.template) for id_, number in zip(ids, numbers)]
     n = cfg.haystack_tokens - sum(map(len, needles))  # corpus tokens, so the haystack is haystack_tokens long
     start = int(rng.integers(0, len(source) - n + 1))
     text = [int(t) for t in source[start:start + n]]
     haystack: list[int] = []
     spans, starts = [], []
-    tail = len(tokenizer.encode("."))  # the needle's tokens after its number
+    tail = len(tokenizer.encode(ending(cfg.template, cfg.style)))  # the needle's tokens after its number
     cut_prev = 0
     for depth, needle, number in zip(depths, needles, numbers):
         cut = round(depth * n)
@@ -159,7 +216,8 @@ def make_episode(cfg: NeedleConfig, tokenizer, source: np.ndarray, rng: np.rando
         cut_prev = cut
     haystack += text[cut_prev:]
     # The paper's question asks, then restates; a fact is recalled by restating it, as in the knob.
-    asking = " " + QUESTION.format(id=ids[asked]) if cfg.style == "secret" else opening(ids[asked], cfg.style, cfg.form)
+    asking = (" " + question_text(cfg.template, ids[asked]) if cfg.style == "secret"
+              else opening(ids[asked], cfg.style, cfg.form))
     question = tokenizer.encode(asking)
     candidates = [answer_tokens(tokenizer, number) for number in numbers]
     return Episode(haystack, question, candidates[asked], ids, numbers, asked, spans, candidates, starts)
@@ -169,19 +227,27 @@ def answer_tokens(tokenizer, number: str) -> list[int]:
     return tokenizer.encode(" " + number)
 
 
-def opening(id_: str, style: str = "secret", form: str = "name_first") -> str:
+def opening(id_: str, style: str = "secret", form: str = "name_first", template: str = PAPER_TEMPLATE) -> str:
     """The needle's words before its number. A fact's ID is its subject said name first
     ("<name>'s <attribute>", as fact_subjects and word_facts make it), said again in `form`."""
     if style == "secret":
-        return " " + NEEDLE.format(id=id_)
+        return " " + template.split("{number}")[0].rstrip().replace("{id}", id_)
     name, attribute = id_.split("'s ", 1)
     return f" {subject(name, attribute, form)} is"
 
 
-def needle_tokens(tokenizer, id_: str, number: str, style: str = "secret", form: str = "name_first") -> list[int]:
-    """" The secret number for ID-xxxx is dddddd." (or " <name>'s <attribute> is dddd.", or in
-    `form` name_last " The <attribute> of <name> is dddd.") with the number encoded as the answer is."""
-    return tokenizer.encode(opening(id_, style, form)) + answer_tokens(tokenizer, number) + tokenizer.encode(".")
+def ending(template: str, style: str) -> str:
+    """What follows the number: the template's punctuation ("." for the knob's facts)."""
+    return template.split("{number}")[1] if style == "secret" else "."
+
+
+def needle_tokens(tokenizer, id_: str, number: str, style: str = "secret", form: str = "name_first",
+                  template: str = PAPER_TEMPLATE) -> list[int]:
+    """" The secret number for ID-xxxx is dddddd." (or the template's sentence, or " <name>'s
+    <attribute> is dddd.", or in `form` name_last " The <attribute> of <name> is dddd.") with the
+    number encoded as the answer is."""
+    return (tokenizer.encode(opening(id_, style, form, template)) + answer_tokens(tokenizer, number)
+            + tokenizer.encode(ending(template, style)))
 
 
 def fact_subjects(rng: np.random.Generator, n: int) -> list[str]:

@@ -188,6 +188,25 @@ def finetune(model, exp, rule, source, tokenizer, seed: int, precision: str) -> 
     return float(module.last_losses["lm"])
 
 
+def haystack(exp, setup):
+    """The tokens the scored episodes' haystacks come from, as the model reads text (documents
+    joined by <eot>): the haystack domain's `exp.split`, or `exp.haystack_source` (any file, glob
+    or corpus, loaded as a stream domain's source is) tokenized with the variant's tokenizer, its
+    first half for `split: dev` and its second for `eval`. Raises StreamDataError naming the file."""
+    import numpy as np
+
+    from streams.sources import DomainConfig, load_documents
+
+    if exp.haystack_source is None:
+        return split_tokens(setup.scenario.domains[exp.haystack_domain].splits[exp.split])
+    tokenizer = setup.scenario.tokenizer
+    documents = load_documents(DomainConfig(name="haystack", source=exp.haystack_source),
+                               setup.scenario.config.resolved_cache_dir())
+    ids = [t for text in documents["text"] for t in tokenizer.encode(text) + [tokenizer.eot_id]]
+    half = len(ids) // 2
+    return np.asarray(ids[:half] if exp.split == "dev" else ids[half:], dtype=np.int64)
+
+
 def episodes(exp, source, tokenizer):
     """The scored episodes: the same for every model and seed (paired comparisons), each needle
     asked equally often."""
@@ -206,19 +225,23 @@ def episode_facts(exp, setup) -> tuple[list[int], str]:
     hash of their tokens, which two models must share to be compared episode by episode."""
     import hashlib
 
-    data = setup.scenario.domains[exp.haystack_domain]
     digest = hashlib.sha1()
     counts = []
-    for e in episodes(exp, split_tokens(data.splits["eval"]), setup.scenario.tokenizer):
+    for e in episodes(exp, haystack(exp, setup), setup.scenario.tokenizer):
         counts.append(e.attribute_count())
         digest.update(repr((e.haystack, e.question, e.answer)).encode())
     return counts, digest.hexdigest()
 
 
 def read_episodes(model, exp, rule, source, tokenizer, precision: str,
-          writes: Sequence[int] | None = None) -> dict[str, Any]:
+                  writes: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
     """Exact match per setting (n-iter for each n, and in-pass), overall and by asked needle;
-    `writes`: the FwPKM layers that write (default every one)."""
+    `writes`: the FwPKM layers that write (default every one). `exp.memory` "reset": every
+    episode starts from the model's memory as trained; "persist": each reading's memory carries
+    over from the episode read before it (what that reading wrote), the episodes read in an order
+    drawn from `seed`, as the official evaluation keeps its fast weights between samples.
+    Results are in episode order either way."""
+    import numpy as np
     import torch
 
     model.eval()
@@ -231,15 +254,31 @@ def read_episodes(model, exp, rule, source, tokenizer, precision: str,
     ranks: dict[str, list[int]] = {f"{n}-iter": [] for n in exp.iterations}
     asked, distances = [], []
     address: dict[str, dict[str, list]] = {}  # per FwPKM layer, per episode: `addresses`
-    for e in episodes(exp, source, tokenizer):
+    scored = list(episodes(exp, source, tokenizer))
+    order = (np.random.default_rng(seed).permutation(len(scored)).tolist() if exp.memory == "persist"
+             else range(len(scored)))
+    start = {s: memory for s in tokens}  # each reading's memory before the next episode
+    done: dict[int, tuple] = {}
+    for i in order:
+        e = scored[i]
+        answers, ranked = {}, {}
+        for n in exp.iterations:
+            answers[f"{n}-iter"], ranked[f"{n}-iter"] = read_iteratively(model, e, n, rule, start[f"{n}-iter"],
+                                                                         autocast, writes)
+            if exp.memory == "persist":
+                start[f"{n}-iter"] = model.snapshot_memory()
+        answers["in-pass"], where = read_in_pass(model, e, rule, start["in-pass"], autocast, writes)
+        if exp.memory == "persist":
+            start["in-pass"] = model.snapshot_memory()
+        done[i] = (answers, ranked, where)
+    for i, e in enumerate(scored):
+        answers, ranked, where = done[i]
         asked.append(e.asked)
         distances.append(e.distance())
-        for n in exp.iterations:
-            answer, rank = read_iteratively(model, e, n, rule, memory, autocast, writes)
-            tokens[f"{n}-iter"].append([int(a) for a in answer])
-            ranks[f"{n}-iter"].append(rank)
-        answer, where = read_in_pass(model, e, rule, memory, autocast, writes)
-        tokens["in-pass"].append([int(a) for a in answer])
+        for s, answer in answers.items():
+            tokens[s].append([int(a) for a in answer])
+        for s, rank in ranked.items():
+            ranks[s].append(rank)
         for name, value in where.items():
             for key, x in value.items():
                 address.setdefault(name, {}).setdefault(key, []).append(x)

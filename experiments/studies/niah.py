@@ -7,17 +7,16 @@ family's language-model bases, zero-shot and after a brief fine-tune on needle e
     clp niah experiments/configs/niah.yaml --base-seeds 0,1,2   # every base seed, t-intervals over the bases
     clp niah experiments/configs/niah.yaml reference=fwpkm      # every other model minus this one, paired
 
-An episode (`streams/needles.py`): a window of real text with 5 needles "The secret number for
-ID-xxxx is dddddd.", then a question about one; exact match of the number's tokens (teacher
-forced: every answer token is the argmax given the gold tokens before it, which is exactly when
-greedy decoding reproduces the number). The readings, n-iter (n reads, n − 1 whole-context
-writes) and in-pass (the ordinary mode), and the fine-tune are `needle_reading.py`; where the
-question reads against where each needle wrote, `analysis.memory_inspect.addresses`.
-
-Fine-tuning (`finetune: true`, `needle_reading.finetune`): the base's slow weights trained on
-needle episodes of the haystack domain's `pretrain` split, every episode with a memory of its own,
-as in evaluation (before 2026-12-06 they shared one: `experiments/LOG.md` stop 43; results made so
-are recomputed, `FINETUNE_MEMORY`). Evaluation episodes come from the `eval` split. Results:
+An episode (`streams/needles.py`: any needle sentence, ID alphabet and number length): a window of
+real text (the haystack domain's split, or any file) with 5 needles "The secret number for ID-xxxx
+is dddddd.", then a question about one; exact match of the number's tokens, teacher forced (every
+answer token the argmax given the gold ones before it: exactly when greedy decoding reproduces the
+number). The readings (n-iter: n reads, n − 1 whole-context writes; in-pass: the ordinary mode),
+the memory between episodes (reset, or carried over as the official evaluation does) and the
+fine-tune are `needle_reading.py`; where the question reads against where each needle wrote,
+`analysis.memory_inspect.addresses`. Fine-tuning (`finetune: true`) trains the slow weights on
+episodes of the haystack domain's `pretrain` split, each with a memory of its own, as in evaluation
+(before 2026-12-06 they shared one: LOG stop 43; `FINETUNE_MEMORY`). Results:
 `<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later runs. A model may also
 change how far its variant's attention reaches (REACH_FIELDS): the positive control.
 """
@@ -34,19 +33,16 @@ from analysis.intervals import interval_text, mean_and_std, mean_std, over_bases
 from analysis.memory_inspect import address_summary, address_text
 from cl_platform.check import ConfigError, check, is_int, is_number
 from experiments.config_files import relative_to
-from experiments.studies.needle_reading import (by_flag, episode_facts, finetune, name_guess, read_episodes,
+from experiments.studies.needle_reading import (by_flag, episode_facts, finetune, haystack, name_guess, read_episodes,
                                                 split_tokens, token_accuracy)
 from experiments.studies.family import Family, load_family
 from experiments.studies.study import Study, check_seeds, each_base, load_study, publish, row, study_folder
 
 MODEL_KEYS = ("variant", "finetune", "rule", "model", "writes")
-# `writes: [3]`: only these FwPKM layers (block indices) write while a zero-shot model reads the
-# episodes (default: every one); the others read what they hold. A per-layer ablation: which
-# layer's memory carries the reading.
-# What a model may change of its variant's architecture: how far attention reaches, nothing with
-# parameters, so the variant's base loads as it is. `model: {window: 4096}` on the FwPKM base is the
-# positive control (issue 22): the same weights and needles with attention over the whole episode,
-# which must retrieve for a memory's null result to mean the memory (not the pipeline).
+# `writes: [3]`: only these FwPKM layers (block indices) write while a zero-shot model reads (a
+# per-layer ablation). `model:` may change how far attention reaches, nothing with parameters, so
+# the variant's base loads as it is: `model: {window: 4096}` on the FwPKM base is the positive
+# control (issue 22), which must retrieve for a memory's null result to mean the memory.
 REACH_FIELDS = ("mixer", "window", "pswa_prob")
 # How a fine-tuned model's training episodes hold memory (module doc); a fine-tuned result made
 # otherwise is not reused.
@@ -58,7 +54,10 @@ class NeedleExperiment:
     family: str = "longctx.yaml"  # the baseline family config (experiments/studies/longctx.py), relative to this file
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {variant, finetune, rule}
     needles: dict[str, Any] = field(default_factory=dict)  # streams.needles.NeedleConfig fields
-    haystack_domain: str = "web"
+    haystack_domain: str = "web"  # where haystacks (and fine-tuning episodes, from its pretrain split) come from
+    haystack_source: str | None = None  # or any text: a file, glob or corpus:NAME, as a stream domain's source
+    split: str = "eval"  # "dev" to choose settings on: the domain's dev split, or the source's first half
+    memory: str = "reset"  # per episode from the model's own memory, or "persist": carried over, order shuffled per seed
     iterations: list[int] = field(default_factory=lambda: [1, 2, 3])
     episodes: int = 100  # evaluation episodes, the asked needle cycling through every depth
     finetune_steps: int = 300
@@ -86,21 +85,22 @@ class NeedleExperiment:
             bad = [k for k in (spec or {}) if k not in MODEL_KEYS]
             check(isinstance(spec, dict) and not bad and "variant" in spec, self, "models",
                   f"model {name!r}: needs 'variant' and may set only {list(MODEL_KEYS)} (got {bad or spec!r})")
-            check(isinstance(spec.get("finetune", False), bool), self, "models", f"model {name!r}: finetune must be true or false")
-            reach = spec.get("model") or {}
-            check(isinstance(reach, dict) and set(reach) <= set(REACH_FIELDS), self, "models",
-                  f"model {name!r}: 'model' may change only {list(REACH_FIELDS)} of the variant's architecture "
-                  f"(got {reach!r})")
-            writes = spec.get("writes")
-            check(writes is None or (isinstance(writes, list) and all(is_int(i) for i in writes)
-                                     and len(set(writes)) == len(writes)), self, "models",
-                  f"model {name!r}: writes must be a list of distinct FwPKM layer indices (got {writes!r})")
-            check(writes is None or not spec.get("finetune"), self, "models",
-                  f"model {name!r}: writes applies to zero-shot models (finetune: false)")
+            reach, writes = spec.get("model") or {}, spec.get("writes")
+            for ok, why in (
+                    (isinstance(spec.get("finetune", False), bool), "finetune must be true or false"),
+                    (isinstance(reach, dict) and set(reach) <= set(REACH_FIELDS),
+                     f"'model' may change only {list(REACH_FIELDS)} of the variant's architecture (got {reach!r})"),
+                    (writes is None or (isinstance(writes, list) and all(is_int(i) for i in writes)
+                                        and len(set(writes)) == len(writes)),
+                     f"writes must be a list of distinct FwPKM layer indices (got {writes!r})"),
+                    (writes is None or not spec.get("finetune"), "writes applies to zero-shot models (finetune: false)")):
+                check(ok, self, "models", f"model {name!r}: {why}")
             try:
                 WriteRule(**(spec.get("rule") or {}))
             except (TypeError, ConfigError) as err:
                 raise ConfigError(f"needle config field 'models.{name}.rule': {err}") from None
+        check(self.split in ("dev", "eval"), self, "split", "must be 'dev' or 'eval'")
+        check(self.memory in ("reset", "persist"), self, "memory", "must be 'reset' or 'persist'")
         check(bool(self.iterations) and all(is_int(n, 1) for n in self.iterations), self, "iterations",
               "must be a list of ints >= 1 (reads of the haystack)")
         for name in ("episodes", "finetune_steps", "finetune_batch_size"):
@@ -122,6 +122,8 @@ def load(path: str | Path, seeds: list[int] | None = None, models: list[str] | N
     `models` keeps only those."""
     exp = load_study(NeedleExperiment, path, "needle config", overrides, seeds, subset=("models", models, "--models"))
     exp.family = relative_to(path, exp.family)
+    if exp.haystack_source is not None and not exp.haystack_source.startswith(("corpus:", "hub:")):
+        exp.haystack_source = relative_to(path, exp.haystack_source, "haystack_source", overrides)
     return exp
 
 
@@ -170,8 +172,11 @@ def study_identity(exp: NeedleExperiment, family: Family) -> dict[str, Any]:
     (each member records its own variant's definition and base key, as `clp eval` and `clp repeat`)."""
     identity = {k: v for k, v in dataclasses.asdict(exp).items()
                 if k not in ("models", "seeds", "runs_root", "family", "reference")}
-    if identity["needles"].get("form") == "name_first":  # the default, said or not, keys the folder as before the field
-        del identity["needles"]["form"]
+    # A field at its default, said or not, keys the folder as before the field existed.
+    for fields, key, default in ((identity["needles"], "form", "name_first"), (identity, "haystack_source", None),
+                                 (identity, "split", "eval"), (identity, "memory", "reset")):
+        if fields.get(key, default) == default:
+            fields.pop(key, None)
     identity["family"] = family.identity()["base"]
     return identity
 
@@ -230,7 +235,7 @@ class Needles(Study):
             say(f"{name}, seed {seed}: fine-tuning {exp.finetune_steps} steps on needle episodes")
             loss = finetune(model, exp, rule, split_tokens(splits["pretrain"]), tokenizer, seed, precision)
         say(f"{name}, seed {seed}: scoring {exp.episodes} episodes")
-        result = read_episodes(model, exp, rule, split_tokens(splits["eval"]), tokenizer, precision, spec.get("writes"))
+        result = read_episodes(model, exp, rule, haystack(exp, setup), tokenizer, precision, spec.get("writes"), seed)
         return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss,
                 "finetune_memory": FINETUNE_MEMORY if spec.get("finetune") else None, "window": model_config.window,
                 "mixer": model_config.mixer, "fwpkm_layers": setup.model_config.fwpkm_layers, **result,
@@ -243,15 +248,10 @@ class Needles(Study):
         return table(self.exp, summary)
 
 
-def run(exp: NeedleExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
-    return Needles(exp).run(say)
-
-
 def summarise(exp: NeedleExperiment, results: list[dict], counts: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Per model: exact match per reading (mean over seeds, Wilson over every episode), by asked
-    needle, candidate match, answer-token rates, and with `counts` (per model, per episode: how
-    many needles have the asked one's attribute) exact match on the episodes where the attribute
-    is unique and where it is shared, beside the shared episodes' guess rate (`name_guess`)."""
+    needle, candidate match, answer-token rates; with `counts` (per episode: how many needles have
+    the asked one's attribute), exact match where it is unique / shared, and `name_guess`."""
     out: dict[str, Any] = {"episodes": exp.episodes, "models": {}}
     for name in exp.models:
         runs = [r for r in results if r["model"] == name]
@@ -287,7 +287,8 @@ def summarise(exp: NeedleExperiment, results: list[dict], counts: dict[str, list
 def table(exp: NeedleExperiment, summary: dict) -> str:
     settings, cfg, models = exp.settings, exp.needle_config, summary["models"]
     lines = [f"needle in a haystack: exact match over {exp.episodes} episodes ({cfg.needles} {cfg.style} needles in "
-             f"{cfg.haystack_tokens} tokens of {exp.haystack_domain}); mean ± std over seeds "
+             f"{cfg.haystack_tokens} tokens of {exp.haystack_source or exp.haystack_domain}, {exp.split}; memory "
+             f"{exp.memory}); mean ± std over seeds "
              f"[95 % Wilson interval over all episodes]", row("", settings, 26, 24)]
     for name, entry in models.items():
         cells = [f"{entry[s]['mean']:.2f}" + (f" ± {entry[s]['std']:.2f}" if len(entry['seeds']) > 1 else "")
@@ -340,9 +341,8 @@ def table(exp: NeedleExperiment, summary: dict) -> str:
 def run_over_bases(exp: NeedleExperiment, base_seeds: list[int],
                    say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
     """`run` once per base seed (each in its own folder, its members reused), then every model's
-    exact match and candidate match per base with the mean and the 95 % Student-t interval over
-    the bases: the unit of a base-dependent effect (a Wilson interval over one base's episodes is
-    within-base). Every base seed's models are checked before any is scored."""
+    exact and candidate match per base, their mean and 95 % t-interval over the bases (a Wilson
+    interval over one base's episodes is within-base). Every base is checked before any is scored."""
     per_base = each_base(lambda seed: Needles(dataclasses.replace(exp, base_seed=seed)), base_seeds, say)
     summary = over_bases(per_base, exp.reference)
     family = needle_family(exp)
@@ -394,7 +394,7 @@ def main(config: str, overrides: Sequence[str] = (), seeds: list[int] | None = N
          models: list[str] | None = None, base_seeds: list[int] | None = None) -> int:
     exp = load(config, seeds, models, overrides)
     if base_seeds is None:
-        run(exp)
+        Needles(exp).run()
     else:
         run_over_bases(exp, base_seeds)
     return 0

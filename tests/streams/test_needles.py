@@ -132,6 +132,13 @@ def test_same_generator_same_episode(tok):
     ({"style": "riddle"}, "needles.style must be one of"),
     ({"style": "fact", "form": "last"}, "needles.form must be one of"),
     ({"form": "name_last"}, "needles.form applies to styles 'fact' and 'word'"),
+    ({"template": "The code of {id} is {number}. And {number}."}, "must hold {id} once and {number} once"),
+    ({"template": "The code of {id}: {number}."}, "the number last, after ' is '"),
+    ({"template": "{number} is the code of {id}."}, "the number last"),
+    ({"id_alphabet": "octal"}, "needles.id_alphabet must be one of"),
+    ({"id_length": 0}, "needles.id_length must be a positive int"),
+    ({"id_length": 1, "needles": 10, "depths": [0.05 * i for i in range(10)]}, "more than the 9 distinct IDs"),
+    ({"style": "fact", "id_alphabet": "hex"}, "apply to style 'secret'"),
 ])
 def test_bad_configs_are_named(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -145,3 +152,32 @@ def test_source_shorter_than_the_haystack_is_named(tok):
     with pytest.raises(ValueError, match="depth 2 is outside"):
         make_episode(NeedleConfig(haystack_tokens=200, needles=1, depths=(0.5,)), tok, SOURCE,
                      np.random.default_rng(0), depths=[2])
+
+
+def test_any_template_hex_ids_and_number_length(tok):
+    """Another sentence, 4 hex characters, 4-digit numbers: the needle is the template filled in,
+    the question the paper's form for it, the answer the number as the needle holds it."""
+    cfg = NeedleConfig(haystack_tokens=600, needles=5, template="The access key for locker {id} is {number}!",
+                       id_alphabet="hex", number_digits=4)
+    eps = [make_episode(cfg, tok, SOURCE, np.random.default_rng(seed)) for seed in range(20)]
+    ids = [i for ep in eps for i in ep.ids]
+    assert all(re.fullmatch(r"[0-9a-f]{4}", i) for i in ids)
+    assert any(re.search(r"[a-f]", i) for i in ids) and any(i.startswith("0") for i in ids)  # hex, leading 0 allowed
+    assert all(len(set(ep.ids)) == 5 for ep in eps)
+    assert all(re.fullmatch(r"[1-9][0-9]{3}", n) for ep in eps for n in ep.numbers)
+    ep = eps[0]
+    for (a, b), id_, number in zip(ep.needle_spans, ep.ids, ep.numbers):
+        assert tok.decode(ep.haystack[a:b]) == f" The access key for locker {id_} is {number}!"
+    asked = ep.ids[ep.asked]
+    assert tok.decode(ep.question) == f" What is the access key for locker {asked}? The access key for locker {asked} is"
+    assert tok.decode(ep.answer) == " " + ep.numbers[ep.asked]
+    start = ep.answer_starts[ep.asked]
+    assert ep.haystack[start:start + len(ep.answer)] == ep.answer  # "!" after it, as "." is after the paper's
+
+
+def test_the_default_template_is_the_papers_needle_and_question(tok):
+    ep = make_episode(NeedleConfig(haystack_tokens=600, needles=3, depths=(0.1, 0.5, 0.9)), tok, SOURCE,
+                      np.random.default_rng(3))
+    asked = ep.ids[ep.asked]
+    assert tok.decode(ep.question) == f" What is the secret number for ID-{asked}? The secret number for ID-{asked} is"
+    assert all(1000 <= int(i) <= 9999 for i in ep.ids) and all(100000 <= int(n) <= 999999 for n in ep.numbers)

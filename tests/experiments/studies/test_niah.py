@@ -13,9 +13,13 @@ import yaml
 from cl_platform.check import ConfigError
 from analysis.memory_inspect import addresses, shared_weight
 from experiments.studies.needle_reading import finetune, read_in_pass, read_iteratively
-from experiments.studies.niah import FINETUNE_MEMORY, load, run
+from experiments.studies.niah import FINETUNE_MEMORY, Needles, load
 from streams.needles import Episode
 from streams.needles import NeedleConfig, make_episode
+
+
+def run(exp, say=print):
+    return Needles(exp).run(say)
 
 
 @pytest.fixture
@@ -242,6 +246,8 @@ def family_files(tiny, tmp_path, **niah):
     ({"models": {"x": {"variant": "fwpkm", "model": {"d_model": 8}}}}, "may change only .*'window'"),
     ({"models": {"x": {"variant": "fwpkm", "writes": 1}}}, "writes must be a list of distinct"),
     ({"models": {"x": {"variant": "fwpkm", "writes": [1], "finetune": True}}}, "writes applies to zero-shot"),
+    ({"split": "test"}, "split='test': must be 'dev' or 'eval'"),
+    ({"memory": "forever"}, "memory='forever': must be 'reset' or 'persist'"),
 ])
 def test_bad_configs_are_named(tiny, tmp_path, fields, message):
     with pytest.raises((ConfigError, ValueError), match=message):
@@ -364,6 +370,9 @@ def test_the_needle_form_keys_the_folder_only_when_it_is_not_the_default(tiny, t
     word = key("needles.style=word")
     assert key("needles.style=word", "needles.form=name_first") == word  # folders made before the field stay found
     assert key("needles.style=word", "needles.form=name_last") != word
+    plain = key()
+    assert key("split=eval", "memory=reset") == plain  # so do the later fields at their defaults
+    assert len({str(plain), *(str(key(o)) for o in ("split=dev", "memory=persist", "needles.id_alphabet=hex"))}) == 4
     with pytest.raises((ConfigError, ValueError), match="needles.form applies to styles"):
         load(path, overrides=["needles.form=name_last"])  # the secret needle
 
@@ -491,3 +500,61 @@ def test_in_pass_reports_every_layers_addresses_and_gives_its_observer_back(mode
     assert len(seen) == len(model.fwpkm_layers())  # ... and it is back afterwards
     for layer in model.fwpkm_layers():
         layer.observer = None
+
+
+def test_a_haystack_source_is_any_text_as_the_model_reads_it_halved_into_dev_and_eval(tiny_base, tmp_path):
+    from types import SimpleNamespace
+
+    from experiments.studies.needle_reading import haystack
+
+    texts = ["The river ran past the mill and on to the sea.", "A second document, about bread and salt."]
+    for i, text in enumerate(texts):
+        (tmp_path / f"doc{i}.txt").write_text(text)
+    setup, tok = tiny_base.setup, tiny_base.setup.scenario.tokenizer
+    whole = [t for text in texts for t in tok.encode(text) + [tok.eot_id]]
+    exp = SimpleNamespace(haystack_source=str(tmp_path / "doc*.txt"), haystack_domain="math", split="dev")
+    dev = haystack(exp, setup).tolist()
+    exp.split = "eval"
+    assert dev + haystack(exp, setup).tolist() == whole and len(dev) == len(whole) // 2
+    exp.haystack_source = None  # no source: the domain's split, as before the field
+    split = setup.scenario.domains["math"].splits["eval"]
+    assert haystack(exp, setup).tolist() == split.segments.tokens[:, :-1][split.segments.doc_index[:, :-1] >= 0].tolist()
+    exp.haystack_source = str(tmp_path / "missing.txt")
+    with pytest.raises(ValueError, match="missing.txt"):
+        haystack(exp, setup)
+
+
+def test_persisting_memory_carries_each_readings_writes_to_the_next_episode(tiny_base, model_and_episodes):
+    """memory: persist reads the episodes in an order drawn from the seed, each reading starting
+    from what the same reading left after the episode before; results come back in episode order."""
+    from types import SimpleNamespace
+
+    from experiments.studies.needle_reading import episodes as scored, read_episodes, split_tokens
+
+    model, _, rule = model_and_episodes
+    setup = tiny_base.setup
+    source, tok = split_tokens(setup.scenario.domains["math"].splits["eval"]), setup.scenario.tokenizer
+    exp = SimpleNamespace(needle_config=NeedleConfig(haystack_tokens=120, needles=2, depths=(0.1, 0.3)), episodes=4,
+                          iterations=[2], memory="persist")
+    start = model.snapshot_memory()
+    persist = read_episodes(model, exp, rule, source, tok, "32-true", seed=5)
+    reset = read_episodes(model, SimpleNamespace(**{**vars(exp), "memory": "reset"}), rule, source, tok, "32-true", seed=5)
+    order = np.random.default_rng(5).permutation(4).tolist()
+    assert order != sorted(order)  # the order is drawn, not the episodes' own
+    eps, hits, address = list(scored(exp, source, tok)), {}, {}
+    iterated = in_pass = start
+    for i in order:
+        answer, _ = read_iteratively(model, eps[i], 2, rule, iterated, contextlib.nullcontext())
+        iterated = model.snapshot_memory()
+        _, where = read_in_pass(model, eps[i], rule, in_pass, contextlib.nullcontext())
+        in_pass = model.snapshot_memory()
+        hits[i], address[i] = [int(a) for a in answer], where
+    model.restore_memory(start)
+    assert persist["token_hits"]["2-iter"] == [hits[i] for i in range(4)]
+    for name in persist["address"]:
+        for key, values in persist["address"][name].items():
+            assert values == [address[i][name][key] for i in range(4)]
+    # the carried memory changes what the questions read; reset gives every episode the trained memory
+    assert persist["address"] != reset["address"]
+    assert reset["address"] == read_episodes(model, SimpleNamespace(**{**vars(exp), "memory": "reset"}), rule, source,
+                                             tok, "32-true", seed=9)["address"]
