@@ -30,6 +30,14 @@ secret needles then ask the trained task on held-out text, as `needles.style: fa
 other forms; the deviation from the paper (whose base never saw the template) is the point: it
 asks whether the memory can learn retrieval by a key at this scale at all (experiments/LOG.md).
 
+`form: keyed` is the retrieval mix of issue 53: each episode draws a noun (" access code"), a key
+prefix ("#", "user ", none), an alphabet (decimal or hex) and a key length (3–5), and its facts
+are " The access code for #3fa0 is 48213." with distinct keys and numbers of 3–7 digits, so that
+only the key tells them apart, as in the paper's needles; each fact's second mention is the
+question and its answer (" What is the access code for #3fa0? The access code for #3fa0 is
+48213."), as NIAH asks. Never the NIAH needle's noun or "ID-" prefix: NIAH's default needle is a
+held-out sentence of the trained shape.
+
 `attributes: k` (k ≥ 1) makes each episode draw k of the six attributes and its facts use only
 those, with no value twice in the episode: with k = 1 every fact of an episode has the same
 attribute ("... 's home town is ..."), so only the name tells them apart. With the default (0)
@@ -62,7 +70,13 @@ VALUES = {
     "stone": ("jasper", "onyx", "garnet", "opal", "agate", "beryl", "topaz", "quartz"),
 }
 FORMS = ("name_first", "name_last")  # where the name stands: "X's <attribute> is", "The <attribute> of X is"
-KNOB_FORMS = FORMS + ("secret",)  # the knob can also say the paper's needle (module doc)
+KNOB_FORMS = FORMS + ("secret", "keyed")  # the knob can also say the paper's needle, or keyed facts (module doc)
+# Form "keyed": the things a key opens and how keys are written. Never the NIAH needle's own
+# ("secret number", "ID-"): NIAH then asks a sentence of the trained shape that was never trained on.
+KEYED_NOUNS = ("access code", "locker number", "room number", "ticket number", "serial number", "account number",
+               "pin", "order number", "booking code", "badge number")
+KEYED_PREFIXES = ("", "#", "key ", "user ", "item ", "unit ")
+KEYED_ALPHABETS = ("0123456789", "0123456789abcdef")
 NEEDLE = "The secret number for ID-{id} is"  # the paper's needle up to its number (streams/needles.py)
 
 
@@ -86,9 +100,9 @@ class RetrievalConfig:
             raise ValueError(f"retrieval.attributes must be an int in [0, {len(ATTRIBUTES)}], got {a!r}")
         if self.form not in KNOB_FORMS:
             raise ValueError(f"retrieval.form must be one of {list(KNOB_FORMS)}, got {self.form!r}")
-        if self.form == "secret" and a:
-            raise ValueError("retrieval.attributes does not apply to form 'secret': every secret fact has the one "
-                             "attribute, and only its ID tells it apart")
+        if self.form in ("secret", "keyed") and a:
+            raise ValueError(f"retrieval.attributes does not apply to form {self.form!r}: every fact of an episode has "
+                             "the one attribute, and only its ID tells it apart")
         smallest = min(map(len, VALUES.values()))
         if a and self.facts > smallest:
             raise ValueError(f"retrieval.facts ({self.facts}) with attributes: an episode's values are distinct, and a "
@@ -145,6 +159,34 @@ def episode_facts(rng: np.random.Generator, cfg: RetrievalConfig) -> list[str]:
     return sentences
 
 
+def keyed_facts(rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
+    """n facts of one episode in form "keyed" (module doc): (first mention, second mention)."""
+    noun = KEYED_NOUNS[int(rng.integers(len(KEYED_NOUNS)))]
+    prefix = KEYED_PREFIXES[int(rng.integers(len(KEYED_PREFIXES)))]
+    alphabet = KEYED_ALPHABETS[int(rng.integers(len(KEYED_ALPHABETS)))]
+    length = int(rng.integers(3, 6))
+    keys: list[str] = []
+    while len(keys) < n:  # distinct keys: only the key tells an episode's facts apart
+        key = "".join(rng.choice(list(alphabet), size=length))
+        if key not in keys:
+            keys.append(key)
+    out = []
+    for key in keys:
+        digits = int(rng.integers(3, 8))
+        number = str(int(rng.integers(10 ** (digits - 1), 10 ** digits)))
+        said = f"The {noun} for {prefix}{key} is"
+        out.append((f" {said} {number}.", f" What is the {noun} for {prefix}{key}? {said} {number}."))
+    return out
+
+
+def episode_mentions(rng: np.random.Generator, cfg: RetrievalConfig) -> list[tuple[str, str]]:
+    """One episode's facts as (first mention, second mention): the same sentence twice, but in form
+    "keyed", whose second mention asks for the value first."""
+    if cfg.form == "keyed":
+        return keyed_facts(rng, cfg.facts)
+    return [(f, f) for f in episode_facts(rng, cfg)]
+
+
 def insert_episodes(tokens: np.ndarray, doc_index: np.ndarray, cfg: RetrievalConfig, tokenizer, seed: int,
                     domain: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Episodes in `round(fraction · S)` of the (S, T+1) rows; returns (tokens, doc_index, rows
@@ -158,9 +200,11 @@ def insert_episodes(tokens: np.ndarray, doc_index: np.ndarray, cfg: RetrievalCon
     tokens, doc_index = tokens.copy(), doc_index.copy()
     half = width // 2
     for row in rows:
-        facts = [tokenizer.encode(sentence) for sentence in episode_facts(rng, cfg)]
-        span = sum(map(len, facts))
-        if half + cfg.min_distance + 2 * span > width:
+        mentions = episode_mentions(rng, cfg)
+        facts = [tokenizer.encode(first) for first, _ in mentions]
+        again = [tokenizer.encode(second) for _, second in mentions]
+        span, both = sum(map(len, facts)), sum(map(len, facts)) + sum(map(len, again))
+        if half + cfg.min_distance + both > width:
             raise ValueError(f"retrieval: {cfg.facts} facts ({span} tokens) with min_distance {cfg.min_distance} do not fit "
                              f"in a {width - 1}-token segment; use fewer facts or a shorter distance")
         # Insertion points in the original row (the boundary before token p); first mentions in
@@ -168,9 +212,9 @@ def insert_episodes(tokens: np.ndarray, doc_index: np.ndarray, cfg: RetrievalCon
         firsts = np.sort(rng.integers(1, half - span, size=cfg.facts))
         inserts = [(int(p), fact) for p, fact in zip(firsts, facts)]
         order = rng.permutation(cfg.facts)  # recalled in another order than said
-        # Every recall ends before the cut: at most 2·span tokens are inserted up to it.
-        recalls = np.sort(rng.integers(int(firsts[-1]) + cfg.min_distance, width - 2 * span + 1, size=cfg.facts))
-        inserts += [(int(p), facts[i]) for p, i in zip(recalls, order)]
+        # Every recall ends before the cut: at most `both` tokens are inserted up to it.
+        recalls = np.sort(rng.integers(int(firsts[-1]) + cfg.min_distance, width - both + 1, size=cfg.facts))
+        inserts += [(int(p), again[i]) for p, i in zip(recalls, order)]
         inserts.sort(key=lambda item: item[0])
         new_tokens: list[int] = []
         new_docs: list[int] = []

@@ -133,8 +133,46 @@ def test_secret_form_says_the_papers_needle_with_distinct_ids_token_for_token():
     assert len(rows) == 3 and all(tok.decode(new[r].tolist()).count("The secret number for ID-") == 8 for r in rows)
 
 
+def test_keyed_form_says_facts_told_apart_only_by_their_key_and_recalls_them_as_a_question():
+    """Form "keyed" (issue 53's retrieval mix): one noun, prefix, alphabet and key length per
+    episode, distinct keys; the second mention is the question and its answer; never the NIAH
+    needle's noun or "ID-" prefix."""
+    import re
+
+    from streams.retrieval import KEYED_NOUNS, episode_mentions
+
+    tok = load_tokenizer()
+    rng = np.random.default_rng(4)
+    cfg = RetrievalConfig(fraction=0.5, facts=5, form="keyed")
+    seen_hex = seen_digits = False
+    for _ in range(40):
+        mentions = episode_mentions(rng, cfg)
+        first = [re.fullmatch(r" The ([a-z ]+) for (#|key |user |item |unit |)([0-9a-f]{3,5}) is ([1-9][0-9]{2,6})\.", a)
+                 for a, _ in mentions]
+        assert all(first), mentions
+        nouns, prefixes, keys, numbers = zip(*(m.groups() for m in first))
+        assert len(set(nouns)) == 1 and nouns[0] in KEYED_NOUNS and "secret" not in nouns[0]
+        assert len(set(prefixes)) == 1 and len(set(keys)) == 5 and len({len(k) for k in keys}) == 1
+        seen_hex |= any(re.search("[a-f]", k) for k in keys)
+        seen_digits |= all(k.isdigit() for k in keys)
+        for (a, b), noun, prefix, key in zip(mentions, nouns, prefixes, keys):
+            assert b == f" What is the {noun} for {prefix}{key}?{a}"  # the question, then the fact again
+    assert seen_hex and seen_digits
+    tokens = np.random.default_rng(2).integers(2000, 4096, size=(6, 1025))
+    new, _, rows = insert_episodes(tokens, np.zeros_like(tokens), RetrievalConfig(fraction=0.5, facts=3,
+                                                                                   min_distance=200, form="keyed"),
+                                   tok, 0, "books")
+    for r in rows:
+        text = tok.decode(new[r].tolist())
+        asked = re.findall(r"What is the ([a-z ]+) for ([^?]+)\? The \1 for \2 is (\d+)\.", text)
+        assert len(asked) == 3 and "ID-" not in text
+        for noun, key, number in asked:  # said before it is asked, with the same number
+            assert text.index(f" The {noun} for {key} is {number}.") < text.index(f"What is the {noun} for {key}?")
+
+
 @pytest.mark.parametrize("fields, message", [
-    ({"form": "name_middle"}, "retrieval.form must be one of \\['name_first', 'name_last', 'secret'\\]"),
+    ({"form": "name_middle"}, "retrieval.form must be one of \\['name_first', 'name_last', 'secret', 'keyed'\\]"),
+    ({"form": "keyed", "attributes": 1}, "retrieval.attributes does not apply to form 'keyed'"),
     ({"form": "secret", "attributes": 1}, "retrieval.attributes does not apply to form 'secret'"),
     ({"attributes": 7}, "retrieval.attributes must be an int in \\[0, 6\\]"),
     ({"attributes": -1}, "retrieval.attributes must be an int"),
