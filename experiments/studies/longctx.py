@@ -14,6 +14,11 @@ The bases are ordinary cached bases (`experiments/base.py`): the family config n
   (the pretraining write rule), so later positions read what earlier chunks of the same segment
   wrote: the memory's in-context role. One segment per forward, memory restored after each, so
   no segment reads another's writes.
+- doc (`settings: [off, on, doc]`): writes on, but each document of the segment read on its own
+  from the base's memory, so the memory holds only what this document wrote: recall within a
+  document, apart from the adaptation carried across documents of a segment ("on" − "doc").
+  Attention then starts at the document too, so positions below the window see less than "on"
+  (the previous document's end); past the window the two differ by the memory alone.
 
 A token's position is the number of tokens of its own document before it in the segment
 (`context_positions`); with the 128-token attention window, positions ≥ 128 are where only a
@@ -36,7 +41,7 @@ from experiments.config_files import relative_to
 from experiments.studies.family import Family, FamilyStudy, check_variants
 from experiments.studies.study import check_family_study, load_study, row, study_folder
 
-SETTINGS = ("off", "on")
+SETTINGS = ("off", "on", "doc")
 
 
 @dataclass
@@ -46,6 +51,7 @@ class LongContextExperiment:
     reference: str = "attention"  # the variant every difference is taken against
     buckets: list[int] = field(default_factory=lambda: [0, 128, 512, 1024, 2048])  # position bucket edges
     split: str = "eval"  # "dev" to choose settings
+    settings: list[str] = field(default_factory=lambda: ["off", "on"])  # of SETTINGS; "off" always
     seeds: list[int] = field(default_factory=lambda: [0])  # pretraining seeds of the bases
     runs_root: str | None = None  # default: the base run config's runs_root
     bootstrap_samples: int = 1000
@@ -57,6 +63,9 @@ class LongContextExperiment:
         check(isinstance(b, list) and len(b) >= 2 and all(is_int(x, 0) for x in b) and b[0] == 0
               and all(x < y for x, y in zip(b, b[1:])), self, "buckets",
               "must be increasing ints starting at 0 (bucket edges in tokens)")
+        check(isinstance(self.settings, list) and "off" in self.settings and set(self.settings) <= set(SETTINGS)
+              and len(set(self.settings)) == len(self.settings), self, "settings",
+              f"must be distinct names of {list(SETTINGS)}, 'off' among them")
         check_family_study(self)
 
 
@@ -88,9 +97,10 @@ def context_positions(doc_start):
     return t - start
 
 
-def score(setup, weights: dict, split: str, edges: list[int]) -> dict[str, dict[str, Any]]:
+def score(setup, weights: dict, split: str, edges: list[int], settings: Sequence[str] = ("off", "on")
+          ) -> dict[str, dict[str, Any]]:
     """Per domain of `split`: {setting: (Σ loss, tokens) per (document, bucket)} for writes off
-    and (if the model has an FwPKM) on, plus the split's mean loss per setting."""
+    and (if the model has an FwPKM) the other `settings`, plus the split's mean loss per setting."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -106,18 +116,22 @@ def score(setup, weights: dict, split: str, edges: list[int]) -> dict[str, dict[
         segments = data.splits[split].segments
         n_docs = int(segments.doc_index.max()) + 1
         result: dict[str, Any] = {}
-        for setting in SETTINGS if has_memory else SETTINGS[:1]:
-            model.set_writes(setting == "on")
+        for setting in settings if has_memory else ["off"]:
+            model.set_writes(setting != "off")
             sums = np.zeros((n_docs, len(edges) - 1))
             counts = np.zeros((n_docs, len(edges) - 1), dtype=np.int64)
-            for i in range(len(segments)):  # one segment per forward: its own writes only
+            for i in range(len(segments)):  # one segment per forward ("doc": one document): its own writes only
                 item = segments[i]
                 x, y = item["input_ids"][None], item["targets"][None]
-                model.restore_memory(base_memory)
-                with torch.no_grad(), autocast:
-                    logits = model(x)
-                losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
-                                         reduction="none")
+                pieces = document_pieces(item["doc_start"]) if setting == "doc" else [(0, x.shape[1])]
+                losses = []
+                for a, b in pieces:
+                    model.restore_memory(base_memory)
+                    with torch.no_grad(), autocast:
+                        logits = model(x[:, a:b])
+                    losses.append(F.cross_entropy(logits.float().flatten(0, 1), y[:, a:b].flatten(),
+                                                  ignore_index=IGNORE_INDEX, reduction="none"))
+                losses = torch.cat(losses)
                 s, c = bucket_document_sums(losses.numpy(), context_positions(item["doc_start"][None]).numpy(),
                                             item["doc_index"].numpy(), (y != IGNORE_INDEX).numpy(), edges, n_docs)
                 sums += s
@@ -127,6 +141,13 @@ def score(setup, weights: dict, split: str, edges: list[int]) -> dict[str, dict[
         model.restore_memory(base_memory)
         out[name] = result
     return out
+
+
+def document_pieces(doc_start) -> list[tuple[int, int]]:
+    """[start, end) of each document's tokens in a segment ((T,) bool, True at a document's first
+    token; a document begun before the segment is its first piece)."""
+    starts = [0] + [int(t) for t in doc_start.nonzero().flatten().tolist() if t > 0]
+    return list(zip(starts, starts[1:] + [int(doc_start.shape[0])]))
 
 
 def prepare(exp: LongContextExperiment, variant: str, seed: int):
@@ -151,8 +172,9 @@ class LongContext(FamilyStudy):
 
     def folder(self) -> Path:
         fam = family(self.exp)
+        extra = {} if self.exp.settings == ["off", "on"] else {"settings": self.exp.settings}  # the default keys as before
         return study_folder(fam.resolved_runs_root(), self.prefix,
-                            {"base": fam.identity()["base"], "buckets": self.exp.buckets, "split": self.exp.split})
+                            {"base": fam.identity()["base"], "buckets": self.exp.buckets, "split": self.exp.split, **extra})
 
     def score(self, name: str, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
         """The variant's base (cached, or pretrained now), scored by position bucket."""
@@ -160,7 +182,7 @@ class LongContext(FamilyStudy):
 
         setup, record, weights, first = self.base(name, seed, say)
         say(f"{name}, seed {seed}: scoring the {self.exp.split} split by position")
-        scores = score(setup, weights, self.exp.split, self.exp.buckets)
+        scores = score(setup, weights, self.exp.split, self.exp.buckets, self.exp.settings)
         return {**first,
                 "base_record": {k: record.get(k) for k in ("final_eval_mean", "unigram_mean", "steps", "tokens", "seconds")},
                 "base_summary": describe(record), "window": setup.model_config.window, "scores": scores}
@@ -211,14 +233,15 @@ def summarise(exp: LongContextExperiment, results: list[dict]) -> dict[str, Any]
         s = by[(variant, seed)]["scores"][d][setting]
         return np.array(s["sums"]), np.array(s["counts"])
 
-    diffs: dict[str, Any] = {"on_minus_off": {}, "minus_reference": {}}
+    diffs: dict[str, Any] = {"on_minus_off": {}, "on_minus_doc": {}, "minus_reference": {}}
     for seed in exp.seeds:
         for variant in exp.variants:
             for d in domains:
                 scores = by[(variant, seed)]["scores"][d]
-                if "on" in scores:
-                    diffs["on_minus_off"].setdefault(variant, {}).setdefault(d, []).append(paired_difference(
-                        *arrays(variant, seed, d, "off"), *arrays(variant, seed, d, "on"), samples=exp.bootstrap_samples))
+                for name, (a, b) in {"on_minus_off": ("off", "on"), "on_minus_doc": ("doc", "on")}.items():
+                    if a in scores and b in scores:
+                        diffs[name].setdefault(variant, {}).setdefault(d, []).append(paired_difference(
+                            *arrays(variant, seed, d, a), *arrays(variant, seed, d, b), samples=exp.bootstrap_samples))
                 if variant != exp.reference:
                     # each side as it is used: writing while it reads if it has an FwPKM (an
                     # attention reference has only "off"; a memory reference, e.g. the plain base
@@ -276,7 +299,8 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
     edges = summary["buckets"]
     heads = [f"{lo}-{hi}" for lo, hi in zip(edges[:-1], edges[1:])]
     lines = [f"loss (nats/token) by position in the document, {summary['split']} split, attention window "
-             f"{summary['window']}, mean over base seeds {summary['seeds']}; 'on': the FwPKM writes while reading"]
+             f"{summary['window']}, mean over base seeds {summary['seeds']}; 'on': the FwPKM writes while reading, "
+             f"'doc': and each document starts from the base's memory"]
     for d in summary["domains"]:
         lines.append("")
         lines.append(f"{d}  ({summary['documents'][d]} documents; tokens per bucket "
@@ -289,8 +313,9 @@ def table(exp: LongContextExperiment, summary: dict) -> str:
                 std = summary["means"][variant][d].get(setting + "_std")
                 cells = [f"{v:.3f}" + (f" ± {s:.3f}" if std else "") for v, s in zip(values, std or values)]
                 lines.append(row(variant + " writes " + setting, cells, 22, 26))
-        for variant, by_d in summary["differences"]["on_minus_off"].items():
-            lines.append(row("Δ " + variant + " on−off", [_fmt_diff(by_d[d], i) for i in range(len(heads))], 22, 26))
+        for key, label in (("on_minus_off", "on−off"), ("on_minus_doc", "on−doc")):
+            for variant, by_d in summary["differences"].get(key, {}).items():
+                lines.append(row(f"Δ {variant} {label}", [_fmt_diff(by_d[d], i) for i in range(len(heads))], 22, 26))
         for variant, by_d in summary["differences"]["minus_reference"].items():
             lines.append(row("Δ " + variant + "−" + summary["reference"], [_fmt_diff(by_d[d], i) for i in range(len(heads))],
                              22, 26))

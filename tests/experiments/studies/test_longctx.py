@@ -40,6 +40,8 @@ def family(tiny, tmp_path, **fields):
     ({"buckets": [8, 16, 32]}, "buckets"),
     ({"buckets": [0, 16, 8]}, "buckets"),
     ({"split": "test"}, "split"),
+    ({"settings": ["on", "doc"]}, "settings.*'off' among them"),
+    ({"settings": ["off", "reset"]}, "settings"),
     ({"variantz": {}}, "variantz"),
 ])
 def test_bad_configs_are_named(tiny, tmp_path, fields, message):
@@ -209,3 +211,43 @@ def test_the_whole_split_block_gives_each_seeds_spread(tiny, tmp_path):
     on = next(line for line in text.splitlines() if line.strip().startswith("fwpkm writes on") and "(" in line)
     assert "3.033 (0.100)" in on and "4.100 (0.300)" in on and "3.567 (0.150)" in on  # 3.5 / 3.55 / 3.65
     assert "the base-to-base spread" in text
+
+
+def test_doc_reads_each_document_from_the_base_memory(tiny_base):
+    """Setting "doc": a loop that reads every document of every segment on its own, from the
+    base's memory, gives its sums; it differs from "on" where a segment holds several documents."""
+    from experiments.setup import build_model
+    from experiments.studies.longctx import document_pieces
+
+    assert document_pieces(torch.tensor([False, False, True, False, True])) == [(0, 2), (2, 4), (4, 5)]
+    assert document_pieces(torch.tensor([True, False, False])) == [(0, 3)]
+    setup = tiny_base.setup
+    weights = torch.load(tiny_base.path, weights_only=True)["model"]
+    scores = score(setup, weights, "eval", [0, 4, 16, 32], ["off", "on", "doc"])
+    model = build_model(setup.model_config, 0, setup.config.pretrain.fwpkm)
+    model.load_state_dict(weights)
+    model.eval()
+    memory = model.snapshot_memory()
+    model.set_writes(True)
+    several = False
+    for name, data in setup.scenario.domains.items():
+        seg = data.splits["eval"].segments
+        total, n = 0.0, 0
+        for i in range(len(seg)):
+            b = seg[i]
+            starts = [t for t in range(1, len(b["doc_start"])) if b["doc_start"][t]]
+            several |= bool(starts)
+            for a, e in zip([0] + starts, starts + [len(b["doc_start"])]):
+                model.restore_memory(memory)
+                with torch.no_grad():
+                    logits = model(b["input_ids"][None, a:e])
+                y = b["targets"][a:e]
+                keep = y != -100
+                total += float(torch.nn.functional.cross_entropy(logits[0][keep].float(), y[keep], reduction="sum"))
+                n += int(keep.sum())
+        model.restore_memory(memory)
+        got = scores[name]["doc"]
+        assert np.array(got["counts"]).sum() == n
+        assert np.array(got["sums"]).sum() == pytest.approx(total, rel=1e-5)
+    assert several  # the tiny stream packs several documents into a segment somewhere
+    assert any(not np.allclose(scores[d]["doc"]["sums"], scores[d]["on"]["sums"]) for d in scores)
