@@ -471,7 +471,8 @@ def fwpkm_core(
     step = min(rule.chunk, T) if write else T
     vhats, looks, addr_losses = [], [], []
     update_sq = q.new_zeros(())
-    fault = torch.full((), -1, dtype=torch.long, device=q.device)
+    ok = torch.ones((), dtype=torch.bool, device=q.device)  # () every write so far was finite
+    oks, values_oks = [], []  # per chunk: ok after it, and whether its value write was finite
     for ci, c0 in enumerate(range(0, T, step)):
         c1 = min(c0 + step, T)
         L = c1 - c0
@@ -492,8 +493,7 @@ def fwpkm_core(
             pick_row = torch.searchsorted(ids, slots.ids)[slots.inv]
             counts = ranks.sum(torch.zeros_like(ids).index_add_(0, pick_row, torch.ones_like(pick_row)))
         rows = ids.clamp(max=N - 1)  # the padding indexes a real row, with a zero count and delta
-        live = fault < 0  # () no earlier chunk failed; a failed chunk's reads still count
-        state.read_counts.index_add_(0, rows, counts * live)
+        state.read_counts.index_add_(0, rows, counts * ok)  # a failed chunk's reads still count
         addr = None
         if write:
             # Value target and validity: with look-ahead, y_t = v_{t+1} inside the chunk only.
@@ -523,19 +523,18 @@ def fwpkm_core(
             delta = torch.where(state.write_mask[rows].unsqueeze(-1), delta, 0.0)
             sq = delta.detach().pow(2).sum()  # finite iff every entry is (NaN and ±inf propagate)
             values_ok = torch.isfinite(sq)
-            finite = values_ok & torch.isfinite(new_keys).all()
-            fault = torch.where(live & ~finite, 2 * ci + values_ok.long(), fault)
-            ok = live & finite  # () this chunk writes
+            ok = ok & values_ok & torch.isfinite(new_keys).all()  # () this chunk and all before it
+            oks.append(ok)
+            values_oks.append(values_ok)
             store.write(ids, torch.where(ok, delta, 0.0))
             if graph:
                 keys = torch.where(ok, new_keys, keys)
             else:
                 keys.copy_(torch.where(ok, new_keys, keys))
-            update_sq += torch.where(ok, sq, 0.0)
+            update_sq += sq  # a failed call reports its fault, not its statistics
             addr_losses.append(addr.detach())
         if on_chunk is not None:
             on_chunk(ChunkRecord(ci, keys if graph else keys.clone(), store.current(), addr))
-    ok = fault < 0
     store.commit(ok)
     with torch.no_grad():
         if graph and write:
@@ -544,7 +543,20 @@ def fwpkm_core(
     vhat = torch.cat(vhats, dim=1)
     look = Lookup(*(torch.cat(parts, dim=1) for parts in zip(*looks)))
     addr_t = torch.stack(addr_losses) if addr_losses else q.new_zeros(0)
-    return ChunkedOutput(vhat, look, addr_t, update_sq.sqrt(), key_norm, fault)
+    return ChunkedOutput(vhat, look, addr_t, update_sq.sqrt(), key_norm, _first_fault(oks, values_oks, q.device))
+
+
+def _first_fault(oks: list[Tensor], values_oks: list[Tensor], device) -> Tensor:
+    """() int64 `ChunkedOutput.fault` from each chunk's ok (True up to the first failed chunk,
+    then False) and value-write finiteness: one pass per call, not per chunk."""
+    if not oks:
+        return torch.full((), -1, dtype=torch.long, device=device)
+    ok = torch.stack(oks)  # (chunks,)
+    first = ok.sum()  # chunks before the first failure
+    at = first.clamp(max=len(oks) - 1)
+    # `take`, not `[at]`: indexing with a 0-dim tensor reads it on the host
+    code = 2 * first + torch.stack(values_oks).take(at).long()  # keys failed iff values were finite
+    return torch.where(ok[-1], -1, code)
 
 
 def _raise_on_fault(fault: Tensor, name: str) -> None:
