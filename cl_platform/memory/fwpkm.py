@@ -335,7 +335,8 @@ class _OverlayValues:
     number of chunks merge into one): a row takes part in O(log chunks) merges and a read looks up
     O(log chunks) runs, so a call costs O(chunks · P · log chunks) instead of the O(chunks² · P)
     of one run re-merged after every chunk (3× slower at 32 chunks of 128 tokens). A run of j
-    chunks is j·P long whatever it holds, so its shape depends only on the chunk index.
+    chunks is j·P long whatever it holds, so its shape depends only on the chunk index. Runs merge
+    when a read needs them, so the last chunk's write merges nothing: the commit adds each run.
     """
 
     def __init__(self, table: Tensor):
@@ -347,21 +348,24 @@ class _OverlayValues:
         # Gather the chunk's rows first: autograd then saves this (P, Dv) copy, not the table,
         # which `commit` later changes in place.
         rows = self.table[ids.clamp(max=self.last)]
+        self._merge()
         for run in self.runs:
             pos = torch.searchsorted(run.ids, ids).clamp_(max=run.ids.numel() - 1)
             hit = (run.ids[pos] == ids).unsqueeze(-1)
-            rows = rows + torch.where(hit, run.delta[pos], 0.0)
+            rows = rows + run.delta[pos] * hit  # a product is safe: a run holds only finite writes
         return F.embedding_bag(inv, rows, per_sample_weights=w, mode="sum")
 
     def write(self, ids: Tensor, delta: Tensor) -> None:
         self.runs.append(_Run(ids, delta, 1))
+
+    def _merge(self) -> None:
         while len(self.runs) > 1 and self.runs[-1].chunks == self.runs[-2].chunks:
             b, a = self.runs.pop(), self.runs.pop()
             # The sentinel N is an id like any other here: its rows are zero in both runs.
             both = padded_unique(torch.cat([a.ids, b.ids]), self.last + 1)
             n = a.ids.numel()
             merged = a.delta.new_zeros(both.ids.numel(), a.delta.shape[1])
-            merged = merged.index_add(0, both.inv[:n], a.delta).index_add(0, both.inv[n:], b.delta)
+            merged.index_add_(0, both.inv[:n], a.delta).index_add_(0, both.inv[n:], b.delta)
             self.runs.append(_Run(both.ids, merged, a.chunks + b.chunks))
 
     def commit(self, ok: Tensor) -> None:
@@ -369,7 +373,8 @@ class _OverlayValues:
         leaves the table as it was, decided on the device)."""
         with torch.no_grad():
             for run in self.runs:
-                self.table.index_add_(0, run.ids.clamp(max=self.last), torch.where(ok, run.delta.detach(), 0.0))
+                # Finite (a failed chunk wrote zeros), so a product with `ok` is an exact select.
+                self.table.index_add_(0, run.ids.clamp(max=self.last), run.delta.detach() * ok)
 
     def current(self) -> Tensor:
         """The table as the next chunk reads it, differentiable through the writes (an N-sized
@@ -512,21 +517,28 @@ def fwpkm_core(
             row_scale = (-rule.lr_values * k * H) / counts.clamp(min=1).to(coef.dtype)  # (P,)
             coef = coef * (row_scale[pick_idx] / H)
             contrib = coef.unsqueeze(-1) * err[:, :, None, None, :]  # (B, L', H, k, Dv)
-            delta = err.new_zeros(ids.numel(), err.shape[-1]).index_add(
-                0, pick_idx.reshape(-1), contrib.reshape(-1, err.shape[-1])
-            )  # (P, Dv)
+            # Two rows past the slots' P: picks of frozen rows add into row P, so frozen rows get
+            # exactly 0 and a non-finite contribution to them is dropped, never multiplied by 0
+            # (NaN·0 = NaN); row P + 1 stays 0 for a failed chunk to write. Both are selects
+            # through indices, so no extra pass over a (P, Dv) tensor.
+            n = ids.numel()
+            sink = torch.where(state.write_mask[rows][pick_idx], pick_idx, n)
+            delta = err.new_zeros(n + 2, err.shape[-1]).index_add_(
+                0, sink.reshape(-1), contrib.reshape(-1, err.shape[-1])
+            )  # (P + 2, Dv)
             if ranks is not None:
                 delta = ranks.sum(delta)
             addr, gk = addressing_step(sub, keys, rule, ranks)
             new_keys = keys - rule.lr_keys * gk
-            # Frozen rows get a zero write, selected rather than multiplied (a NaN times 0 is NaN).
-            delta = torch.where(state.write_mask[rows].unsqueeze(-1), delta, 0.0)
-            sq = delta.detach().pow(2).sum()  # finite iff every entry is (NaN and ±inf propagate)
+            # ‖ΔV‖² as one dot product (no squared copy); finite iff every entry is, since NaN and
+            # ±inf propagate and squares never cancel.
+            flat = delta[:n].detach().reshape(-1)
+            sq = torch.dot(flat, flat)
             values_ok = torch.isfinite(sq)
             ok = ok & values_ok & torch.isfinite(new_keys).all()  # () this chunk and all before it
             oks.append(ok)
             values_oks.append(values_ok)
-            store.write(ids, torch.where(ok, delta, 0.0))
+            store.write(ids, delta.index_select(0, torch.where(ok, torch.arange(n, device=ids.device), n + 1)))
             if graph:
                 keys = torch.where(ok, new_keys, keys)
             else:
