@@ -191,21 +191,22 @@ class RankSum:
 
         self.dist, self.group = dist, group
 
-    def union(self, ids: Tensor, n: int) -> Tensor:
-        """ids (P,) this rank's sorted unique ids padded with the sentinel `n` → (world·P',) the
-        sorted union over ranks, padded with `n` (P' the longest rank's P). The lengths are
-        exchanged first (one host read per chunk) because ranks may hold batches of different
-        sizes."""
-        dist = self.dist
-        world = dist.get_world_size(self.group)
-        size = torch.tensor([ids.numel()], device=ids.device)
-        sizes = [torch.zeros_like(size) for _ in range(world)]
-        dist.all_gather(sizes, size, group=self.group)
-        longest = int(max(int(x) for x in sizes))
-        padded = torch.full((longest,), n, dtype=ids.dtype, device=ids.device)
-        padded[: ids.numel()] = ids
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded, group=self.group)
+    def widest_batch(self, batch: int, device) -> int:
+        """The largest batch size B over ranks: once per call (one host read), because ranks may
+        hold batches of different sizes; the sequence length is the same on every rank (else
+        their chunk loops, and so their collectives, would not pair up)."""
+        size = torch.tensor([batch], device=device)
+        sizes = [torch.zeros_like(size) for _ in range(self.dist.get_world_size(self.group))]
+        self.dist.all_gather(sizes, size, group=self.group)
+        return int(torch.cat(sizes).max())
+
+    def union(self, ids: Tensor, n: int, width: int) -> Tensor:
+        """ids (P,) this rank's sorted distinct ids padded with the sentinel `n` → (world·width,)
+        the sorted union over ranks, padded with `n`; `width` ≥ every rank's P (from
+        `widest_batch`), so no lengths are exchanged per chunk."""
+        padded = F.pad(ids, (0, width - ids.numel()), value=n)
+        parts = [torch.empty_like(padded) for _ in range(self.dist.get_world_size(self.group))]
+        self.dist.all_gather(parts, padded, group=self.group)
         return padded_unique(torch.cat(parts), n).ids
 
     def sum(self, t: Tensor) -> Tensor:
@@ -462,7 +463,8 @@ def fwpkm_core(
     """`fwpkm_chunked` without the host: a non-finite write is not raised but dropped (that
     chunk's and every later one's) and reported in `ChunkedOutput.fault`. Nothing here reads a
     tensor on the host and every shape follows from (B, T) and the config, so it compiles as one
-    graph (`torch.compile(fwpkm_core, fullgraph=True)`) without ranks."""
+    graph (`torch.compile(fwpkm_core, fullgraph=True)`). With `ranks`, the ranks' batch sizes are
+    read once per call (`RankSum.widest_batch`), and nothing per chunk."""
     B, T, _ = q.shape
     H, k, Dh, N = config.heads, config.topk, config.d_key // 2, config.num_slots
     qh = q.view(B, T, H, 2 * Dh)
@@ -475,6 +477,7 @@ def fwpkm_core(
     # Without writes every token reads the same state: one pass over the whole call.
     step = min(rule.chunk, T) if write else T
     vhats, looks, addr_losses = [], [], []
+    widest = ranks.widest_batch(B, q.device) if ranks is not None else B
     update_sq = q.new_zeros(())
     ok = torch.ones((), dtype=torch.bool, device=q.device)  # () every write so far was finite
     oks, values_oks = [], []  # per chunk: ok after it, and whether its value write was finite
@@ -494,7 +497,7 @@ def fwpkm_core(
         # every pick to its row among them and `counts` becomes the global N_i.
         ids, pick_row, counts = slots
         if ranks is not None:
-            ids = ranks.union(slots.ids, N)
+            ids = ranks.union(slots.ids, N, widest * L * H * k)
             pick_row = torch.searchsorted(ids, slots.ids)[slots.inv]
             counts = ranks.sum(torch.zeros_like(ids).index_add_(0, pick_row, torch.ones_like(pick_row)))
         rows = ids.clamp(max=N - 1)  # the padding indexes a real row, with a zero count and delta
