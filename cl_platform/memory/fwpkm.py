@@ -29,8 +29,8 @@ table once, detached, when the call ends.
 Why it never waits for the device: every shape is fixed by (B, T) and the config, and nothing in
 a call reads a tensor's value on the host except one check at its end (`fwpkm_chunked`). The
 unique slots of a chunk come from a sort padded to P (`padded_unique`), the write mask and the
-finiteness checks are selects (`torch.where`), and a non-finite write is recorded on the device
-and reported once. So the core (`fwpkm_core`) can be captured as one graph (`torch.compile` with
+finiteness checks are selects (through indices and `torch.where`, never a product with a mask:
+NaN·0 = NaN), and a non-finite write is recorded on the device and reported once. So the core (`fwpkm_core`) can be captured as one graph (`torch.compile` with
 `fullgraph=True`, CUDA graphs), and eager calls on a GPU queue kernels without stalls.
 """
 from __future__ import annotations
@@ -520,15 +520,15 @@ def fwpkm_core(
             row_scale = (-rule.lr_values * k * H) / counts.clamp(min=1).to(coef.dtype)  # (P,)
             coef = coef * (row_scale[pick_idx] / H)
             contrib = coef.unsqueeze(-1) * err[:, :, None, None, :]  # (B, L', H, k, Dv)
-            # Two rows past the slots' P: picks of frozen rows add into row P, so frozen rows get
-            # exactly 0 and a non-finite contribution to them is dropped, never multiplied by 0
-            # (NaN·0 = NaN); row P + 1 stays 0 for a failed chunk to write. Both are selects
-            # through indices, so no extra pass over a (P, Dv) tensor.
+            # Two rows past the n slot rows: picks of frozen rows add into row n, so frozen rows
+            # get exactly 0 and a non-finite contribution to them is dropped, never multiplied by
+            # 0 (NaN·0 = NaN); row n + 1 stays 0 for a failed chunk to write. Both are selects
+            # through indices: no extra pass over a (P, Dv) tensor, which `torch.where` would be.
             n = ids.numel()
             sink = torch.where(state.write_mask[rows][pick_idx], pick_idx, n)
             delta = err.new_zeros(n + 2, err.shape[-1]).index_add_(
                 0, sink.reshape(-1), contrib.reshape(-1, err.shape[-1])
-            )  # (P + 2, Dv)
+            )  # (n + 2, Dv)
             if ranks is not None:
                 delta = ranks.sum(delta)
             addr, gk = addressing_step(sub, keys, rule, ranks)

@@ -190,3 +190,15 @@ def test_the_core_reports_the_fault_instead_of_raising():
     v[:, 2 * CHUNK + 1 :] = float("inf")
     out = fwpkm_core(q, v, g, state, CFG, WriteRule(chunk=CHUNK))
     assert int(out.fault) == 2 * 2  # chunk 2, the values
+
+
+def test_a_non_finite_write_to_frozen_rows_only_is_dropped_not_raised():
+    """As before: frozen rows never change, so what would have been written to them is not checked."""
+    q, v, g, state = toy_case(3, seed=7, frozen=False)
+    state.write_mask[:] = False
+    v[:, 3] = float("nan")
+    before = copy(state)
+    out = fwpkm_chunked(q, v, g, state, CFG, WriteRule(chunk=CHUNK))
+    assert torch.equal(state.values, before.values)
+    assert not torch.equal(state.keys, before.keys)  # the keys are written as usual
+    assert int(out.fault) == -1 and float(out.value_update_norm) == 0.0
