@@ -14,7 +14,8 @@ base model); `WriteRule` is how the memory learns (a setting of the phase). Naiv
 
 Shape letters: B batch, T tokens in the call, L tokens in the current chunk (≤ C), H heads,
 k top-k, S sub-keys per codebook, N = S² slots, D model width, Dk key width per head
-(two halves of Dh = Dk/2), Dv value width, P = B·L·H·k picks in a chunk, U unique slots picked.
+(two halves of Dh = Dk/2), Dv value width, P = B·L·H·k picks in a chunk, U ≤ P unique slots
+picked (held in P-long tensors padded with the sentinel id N, so that no shape depends on data).
 
 Why it is fast: nothing per chunk is proportional to N. Sub-keys are scored in O(√N)
 (`S` per codebook); top-k runs on squared distances (−log(ε + d²) is monotonic in d²) and the
@@ -24,6 +25,13 @@ is written in closed form over each token's top-k sub-keys. In training, where t
 must flow *through* the writes, the table is never copied: writes accumulate in a compact,
 differentiable overlay over the rows touched so far (`_OverlayValues`) and are committed to the
 table once, detached, when the call ends.
+
+Why it never waits for the device: every shape is fixed by (B, T) and the config, and nothing in
+a call reads a tensor's value on the host except one check at its end (`fwpkm_chunked`). The
+unique slots of a chunk come from a sort padded to P (`padded_unique`), the write mask and the
+finiteness checks are selects (through indices and `torch.where`, never a product with a mask:
+NaN·0 = NaN), and a non-finite write is recorded on the device and reported once. So the core (`fwpkm_core`) can be captured as one graph (`torch.compile` with
+`fullgraph=True`, CUDA graphs), and eager calls on a GPU queue kernels without stalls.
 """
 from __future__ import annotations
 
@@ -139,6 +147,29 @@ def zscore(v: Tensor) -> Tensor:
     return c / (std + ZSCORE_EPS)
 
 
+class Slots(NamedTuple):
+    """The distinct ids among P picks, in P-long tensors: U ids then padding."""
+
+    ids: Tensor  # (P,) sorted distinct ids, then the sentinel n
+    inv: Tensor  # (P,) each pick's position in `ids`
+    counts: Tensor  # (P,) int64 picks per id; 0 on the padding
+
+
+def padded_unique(flat: Tensor, n: int) -> Slots:
+    """`torch.unique(flat, return_inverse=True, return_counts=True)` padded to P = len(flat) with
+    the sentinel `n` (> every id), so that no shape and no host read depends on how many ids are
+    distinct: sort, mark where a new value starts, the running count of marks is each sorted pick's
+    position among the distinct ids, and scattering it back through the sort order is the inverse.
+    The padding is never in `inv`, so whatever indexes with it adds exactly 0 (clamp it to n − 1
+    first)."""
+    s, order = flat.sort()  # (P,)
+    seg = F.pad((s[1:] != s[:-1]).cumsum(0), (1, 0))  # (P,) position of each sorted pick's id
+    inv = torch.empty_like(seg).scatter_(0, order, seg)
+    ids = torch.full_like(s, n).scatter_(0, seg, s)  # picks of one id all write the same value
+    counts = torch.zeros_like(seg).index_add_(0, seg, torch.ones_like(seg))
+    return Slots(ids, inv, counts)
+
+
 class RankSum:
     """Sums a write's statistics over data-parallel ranks, so that every rank applies the write
     the whole global batch implies and all ranks keep the same memory.
@@ -160,20 +191,23 @@ class RankSum:
 
         self.dist, self.group = dist, group
 
-    def union(self, ids: Tensor) -> Tensor:
-        """Sorted union of every rank's sorted unique ids."""
-        dist = self.dist
-        world = dist.get_world_size(self.group)
-        n = torch.tensor([ids.numel()], device=ids.device)
-        sizes = [torch.zeros_like(n) for _ in range(world)]
-        dist.all_gather(sizes, n, group=self.group)
-        longest = int(max(int(x) for x in sizes))
-        padded = torch.full((longest,), -1, dtype=ids.dtype, device=ids.device)
-        padded[: ids.numel()] = ids
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded, group=self.group)
-        every = torch.cat(parts)
-        return torch.unique(every[every >= 0])
+    def widest_batch(self, batch: int, device) -> int:
+        """The largest batch size B over ranks: once per call (one host read), because ranks may
+        hold batches of different sizes; the sequence length is the same on every rank (else
+        their chunk loops, and so their collectives, would not pair up)."""
+        size = torch.tensor([batch], device=device)
+        sizes = [torch.zeros_like(size) for _ in range(self.dist.get_world_size(self.group))]
+        self.dist.all_gather(sizes, size, group=self.group)
+        return int(torch.cat(sizes).max())
+
+    def union(self, ids: Tensor, n: int, width: int) -> Tensor:
+        """ids (P,) this rank's sorted distinct ids padded with the sentinel `n` → (world·width,)
+        the sorted union over ranks, padded with `n`; `width` ≥ every rank's P (from
+        `widest_batch`), so no lengths are exchanged per chunk."""
+        padded = F.pad(ids, (0, width - ids.numel()), value=n)
+        parts = [torch.empty_like(padded) for _ in range(self.dist.get_world_size(self.group))]
+        self.dist.all_gather(parts, padded, group=self.group)
+        return padded_unique(torch.cat(parts), n).ids
 
     def sum(self, t: Tensor) -> Tensor:
         return _SumOverRanks.apply(t, self.group)  # without a graph: the forward alone
@@ -245,7 +279,7 @@ def addressing_step(sub: SubKeys, keys: Tensor, rule: WriteRule, ranks: RankSum 
     psum = torch.zeros(H * 2 * S, dtype=p.dtype, device=p.device).index_add(0, flat.reshape(-1), p.reshape(-1))
     M_all = M  # tokens behind the marginal: this call's, or every rank's
     if ranks is not None:
-        M_all = int(ranks.sum(torch.tensor([M], device=p.device)))
+        M_all = ranks.sum(torch.tensor(M, device=p.device))  # a tensor: no host read
         psum = ranks.sum(psum)
     pbar = psum / M_all
     logp = torch.log(pbar + ENTROPY_EPS)
@@ -268,16 +302,19 @@ class _InPlaceValues:
 
     def __init__(self, table: Tensor):
         self.table = table
+        self.last = table.shape[0] - 1
 
-    def read(self, idx: Tensor, uidx: Tensor, inv: Tensor, w: Tensor) -> Tensor:
-        """idx, w (M, k); uidx (U,) its unique ids, inv (M, k) positions in uidx → Σ_j w_j V[idx_j] (M, Dv)."""
+    def read(self, idx: Tensor, ids: Tensor, inv: Tensor, w: Tensor) -> Tensor:
+        """idx, w (M, k); ids (P,) their distinct ids padded with N, inv (M, k) positions in ids
+        → Σ_j w_j V[idx_j] (M, Dv)."""
         return F.embedding_bag(idx, self.table, per_sample_weights=w, mode="sum")
 
-    def write(self, uidx: Tensor, delta: Tensor) -> None:
-        self.table.index_add_(0, uidx, delta)
+    def write(self, ids: Tensor, delta: Tensor) -> None:
+        """ids (P,) padded with N, delta (P, Dv) zero on the padding."""
+        self.table.index_add_(0, ids.clamp(max=self.last), delta)
 
-    def commit(self) -> None:
-        pass
+    def commit(self, ok: Tensor) -> None:
+        pass  # every write has landed; a failed chunk's was a zero
 
     def current(self) -> Tensor:
         """The table as the next chunk reads it (a copy: tests and inspection only)."""
@@ -285,8 +322,8 @@ class _InPlaceValues:
 
 
 class _Run(NamedTuple):
-    ids: Tensor  # (n,) sorted slot ids
-    delta: Tensor  # (n, Dv) differentiable accumulated writes to them
+    ids: Tensor  # (n,) sorted slot ids, padded with N
+    delta: Tensor  # (n, Dv) differentiable accumulated writes to them (zero on the padding)
     chunks: int  # how many chunk writes it holds
 
 
@@ -297,47 +334,55 @@ class _OverlayValues:
 
     The overlay is a list of sorted runs merged like a binary counter (two runs holding the same
     number of chunks merge into one): a row takes part in O(log chunks) merges and a read looks up
-    O(log chunks) runs, so a call costs O(chunks · U · log chunks) instead of the O(chunks² · U)
-    of one run re-merged after every chunk (3× slower at 32 chunks of 128 tokens).
+    O(log chunks) runs, so a call costs O(chunks · P · log chunks) instead of the O(chunks² · P)
+    of one run re-merged after every chunk (3× slower at 32 chunks of 128 tokens). A run of j
+    chunks is j·P long whatever it holds, so its shape depends only on the chunk index. Runs merge
+    when a read needs them, so the last chunk's write merges nothing: the commit adds each run.
     """
 
     def __init__(self, table: Tensor):
         self.table = table
+        self.last = table.shape[0] - 1
         self.runs: list[_Run] = []
 
-    def read(self, idx: Tensor, uidx: Tensor, inv: Tensor, w: Tensor) -> Tensor:
-        # Gather the chunk's unique rows first: autograd then saves this (U, Dv) copy, not the
-        # table, which `commit` later changes in place.
-        rows = self.table[uidx]
+    def read(self, idx: Tensor, ids: Tensor, inv: Tensor, w: Tensor) -> Tensor:
+        # Gather the chunk's rows first: autograd then saves this (P, Dv) copy, not the table,
+        # which `commit` later changes in place.
+        rows = self.table[ids.clamp(max=self.last)]
+        self._merge()
         for run in self.runs:
-            pos = torch.searchsorted(run.ids, uidx).clamp_(max=run.ids.numel() - 1)
-            hit = (run.ids[pos] == uidx).unsqueeze(-1)
-            rows = rows + run.delta[pos] * hit
+            pos = torch.searchsorted(run.ids, ids).clamp_(max=run.ids.numel() - 1)
+            hit = (run.ids[pos] == ids).unsqueeze(-1)
+            rows = rows + run.delta[pos] * hit  # a product is safe: a run holds only finite writes
         return F.embedding_bag(inv, rows, per_sample_weights=w, mode="sum")
 
-    def write(self, uidx: Tensor, delta: Tensor) -> None:
-        if not uidx.numel():
-            return
-        self.runs.append(_Run(uidx, delta, 1))
+    def write(self, ids: Tensor, delta: Tensor) -> None:
+        self.runs.append(_Run(ids, delta, 1))
+
+    def _merge(self) -> None:
         while len(self.runs) > 1 and self.runs[-1].chunks == self.runs[-2].chunks:
             b, a = self.runs.pop(), self.runs.pop()
-            ids = torch.unique(torch.cat([a.ids, b.ids]))  # sorted
-            merged = a.delta.new_zeros(ids.numel(), a.delta.shape[1])
-            merged = merged.index_add(0, torch.searchsorted(ids, a.ids), a.delta)
-            merged = merged.index_add(0, torch.searchsorted(ids, b.ids), b.delta)
-            self.runs.append(_Run(ids, merged, a.chunks + b.chunks))
+            # The sentinel N is an id like any other here: its rows are zero in both runs.
+            both = padded_unique(torch.cat([a.ids, b.ids]), self.last + 1)
+            n = a.ids.numel()
+            merged = a.delta.new_zeros(both.ids.numel(), a.delta.shape[1])
+            merged.index_add_(0, both.inv[:n], a.delta).index_add_(0, both.inv[n:], b.delta)
+            self.runs.append(_Run(both.ids, merged, a.chunks + b.chunks))
 
-    def commit(self) -> None:
+    def commit(self, ok: Tensor) -> None:
+        """Add the call's writes to the table, or nothing where `ok` () is False (a failed call
+        leaves the table as it was, decided on the device)."""
         with torch.no_grad():
             for run in self.runs:
-                self.table.index_add_(0, run.ids, run.delta.detach())
+                # Finite (a failed chunk wrote zeros), so a product with `ok` is an exact select.
+                self.table.index_add_(0, run.ids.clamp(max=self.last), run.delta.detach() * ok)
 
     def current(self) -> Tensor:
         """The table as the next chunk reads it, differentiable through the writes (an N-sized
         copy: tests and inspection only)."""
         out = self.table.detach().clone()
         for run in self.runs:
-            out = out.index_add(0, run.ids, run.delta)
+            out = out.index_add(0, run.ids.clamp(max=self.last), run.delta)
         return out
 
 
@@ -347,6 +392,9 @@ class ChunkedOutput(NamedTuple):
     addr_loss: Tensor  # (chunks,) addressing loss of each chunk, pre-write (empty without writes)
     value_update_norm: Tensor  # () √(Σ over chunks of ‖ΔV‖²_F), detached (0 without writes)
     key_update_norm: Tensor  # () ‖K_after − K_before‖_F over the call, detached (0 without writes)
+    # () int64: 2·chunk + (0 values, 1 keys) of the first non-finite write, −1 if none; that
+    # chunk's write and every later one were dropped (`fwpkm_chunked` raises on it)
+    fault: Tensor
 
 
 class ChunkRecord(NamedTuple):
@@ -387,10 +435,38 @@ def fwpkm_chunked(
     `extra` (B, T, Dv): a read-out of another memory that adds to this one's (`FwPKM.extra_read`);
     with `correct_extra` the writes correct the sum, so this memory learns what the other does not
     hold; without it they correct this memory's own read-out, as if the other were absent.
-    Returns the read-outs, the addressing and the write statistics.
+    Returns the read-outs, the addressing and the write statistics; raises `NonFiniteWriteError`
+    if a write was not finite, with the memory as it was before that chunk (with a graph: as it
+    was before the call). This is `fwpkm_core` and its one host read.
     """
+    out = fwpkm_core(q, v, g, state, config, rule, write=write, on_chunk=on_chunk, ranks=ranks, extra=extra,
+                     correct_extra=correct_extra)
+    if write:
+        _raise_on_fault(out.fault, name)
+    return out
+
+
+def fwpkm_core(
+    q: Tensor,
+    v: Tensor,
+    g: Tensor,
+    state: FastWeightState,
+    config: FwPKMConfig,
+    rule: WriteRule,
+    *,
+    write: bool = True,
+    on_chunk: Callable[[ChunkRecord], None] | None = None,
+    ranks: RankSum | None = None,
+    extra: Tensor | None = None,
+    correct_extra: bool = True,
+) -> ChunkedOutput:
+    """`fwpkm_chunked` without the host: a non-finite write is not raised but dropped (that
+    chunk's and every later one's) and reported in `ChunkedOutput.fault`. Nothing here reads a
+    tensor on the host and every shape follows from (B, T) and the config, so it compiles as one
+    graph (`torch.compile(fwpkm_core, fullgraph=True)`). With `ranks`, the ranks' batch sizes are
+    read once per call (`RankSum.widest_batch`), and nothing per chunk."""
     B, T, _ = q.shape
-    H, k, Dh = config.heads, config.topk, config.d_key // 2
+    H, k, Dh, N = config.heads, config.topk, config.d_key // 2, config.num_slots
     qh = q.view(B, T, H, 2 * Dh)
     graph = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad or g.requires_grad)
     store = _OverlayValues(state.values) if graph and write else _InPlaceValues(state.values)
@@ -401,14 +477,16 @@ def fwpkm_chunked(
     # Without writes every token reads the same state: one pass over the whole call.
     step = min(rule.chunk, T) if write else T
     vhats, looks, addr_losses = [], [], []
+    widest = ranks.widest_batch(B, q.device) if ranks is not None else B
     update_sq = q.new_zeros(())
+    ok = torch.ones((), dtype=torch.bool, device=q.device)  # () every write so far was finite
+    oks, values_oks = [], []  # per chunk: ok after it, and whether its value write was finite
     for ci, c0 in enumerate(range(0, T, step)):
         c1 = min(c0 + step, T)
         L = c1 - c0
         look, sub = product_key_lookup(qh[:, c0:c1], keys, k)  # (B, L, H, k)
-        flat_idx = look.idx.reshape(-1)  # (P,)
-        uidx, inv, counts = torch.unique(flat_idx, return_inverse=True, return_counts=True)  # (U,), (P,), (U,)
-        vhat = store.read(look.idx.view(-1, k), uidx, inv.view(-1, k), look.weights.reshape(-1, k))  # (B·L·H, Dv)
+        slots = padded_unique(look.idx.reshape(-1), N)  # (P,) each
+        vhat = store.read(look.idx.view(-1, k), slots.ids, slots.inv.view(-1, k), look.weights.reshape(-1, k))  # (B·L·H, Dv)
         vhat = vhat.view(B, L, H, -1).mean(2)  # heads share the table; their read-outs average
         read = vhat if extra is None else vhat + extra[:, c0:c1]
         if correct_extra:
@@ -417,13 +495,13 @@ def fwpkm_chunked(
         looks.append(look)
         # Slots of the write: this call's own picks, or their union over ranks; `pick_row` maps
         # every pick to its row among them and `counts` becomes the global N_i.
-        pick_row = inv
+        ids, pick_row, counts = slots
         if ranks is not None:
-            local = uidx
-            uidx = ranks.union(local)
-            pick_row = torch.searchsorted(uidx, local)[inv]
-            counts = ranks.sum(torch.zeros_like(uidx).index_add_(0, pick_row, torch.ones_like(inv)))
-        state.read_counts.index_add_(0, uidx, counts)
+            ids = ranks.union(slots.ids, N, widest * L * H * k)
+            pick_row = torch.searchsorted(ids, slots.ids)[slots.inv]
+            counts = ranks.sum(torch.zeros_like(ids).index_add_(0, pick_row, torch.ones_like(pick_row)))
+        rows = ids.clamp(max=N - 1)  # the padding indexes a real row, with a zero count and delta
+        state.read_counts.index_add_(0, rows, counts * ok)  # a failed chunk's reads still count
         addr = None
         if write:
             # Value target and validity: with look-ahead, y_t = v_{t+1} inside the chunk only.
@@ -439,47 +517,71 @@ def fwpkm_chunked(
             # ΔV_i = −η·kH/N_i · ∂/∂V_i ½ Σ g‖v̂ − y‖², with v̂ = mean_h Σ_j w V[idx] so that
             # ∂/∂V_i = Σ over i's picks of g·w/H·(v̂ − y). The per-row factor is folded into the
             # (small) per-pick coefficients before the scatter.
-            row_scale = (-rule.lr_values * k * H) / counts.clamp(min=1).to(coef.dtype)  # (U,)
+            row_scale = (-rule.lr_values * k * H) / counts.clamp(min=1).to(coef.dtype)  # (P,)
             coef = coef * (row_scale[pick_idx] / H)
             contrib = coef.unsqueeze(-1) * err[:, :, None, None, :]  # (B, L', H, k, Dv)
-            delta = err.new_zeros(uidx.numel(), err.shape[-1]).index_add(
-                0, pick_idx.reshape(-1), contrib.reshape(-1, err.shape[-1])
-            )  # (U, Dv)
+            # Two rows past the n slot rows: picks of frozen rows add into row n, so frozen rows
+            # get exactly 0 and a non-finite contribution to them is dropped, never multiplied by
+            # 0 (NaN·0 = NaN); row n + 1 stays 0 for a failed chunk to write. Both are selects
+            # through indices: no extra pass over a (P, Dv) tensor, which `torch.where` would be.
+            n = ids.numel()
+            sink = torch.where(state.write_mask[rows][pick_idx], pick_idx, n)
+            delta = err.new_zeros(n + 2, err.shape[-1]).index_add_(
+                0, sink.reshape(-1), contrib.reshape(-1, err.shape[-1])
+            )  # (n + 2, Dv)
             if ranks is not None:
                 delta = ranks.sum(delta)
-            keep = state.write_mask[uidx]
-            if not bool(keep.all()):
-                uidx, delta = uidx[keep], delta[keep]
             addr, gk = addressing_step(sub, keys, rule, ranks)
             new_keys = keys - rule.lr_keys * gk
-            sq = delta.detach().pow(2).sum()
-            _check_finite(sq, new_keys, name, ci)
-            store.write(uidx, delta)
+            # ‖ΔV‖² as one dot product (no squared copy); finite iff every entry is, since NaN and
+            # ±inf propagate and squares never cancel.
+            flat = delta[:n].detach().reshape(-1)
+            sq = torch.dot(flat, flat)
+            values_ok = torch.isfinite(sq)
+            ok = ok & values_ok & torch.isfinite(new_keys).all()  # () this chunk and all before it
+            oks.append(ok)
+            values_oks.append(values_ok)
+            store.write(ids, delta.index_select(0, torch.where(ok, torch.arange(n, device=ids.device), n + 1)))
             if graph:
-                keys = new_keys
+                keys = torch.where(ok, new_keys, keys)
             else:
-                keys.copy_(new_keys)
-            update_sq += sq
+                keys.copy_(torch.where(ok, new_keys, keys))
+            update_sq += sq  # a failed call reports its fault, not its statistics
             addr_losses.append(addr.detach())
         if on_chunk is not None:
             on_chunk(ChunkRecord(ci, keys if graph else keys.clone(), store.current(), addr))
-    store.commit()
+    store.commit(ok)
     with torch.no_grad():
         if graph and write:
-            state.keys.copy_(keys)
+            state.keys.copy_(torch.where(ok, keys, state.keys))
         key_norm = (keys.detach() - keys_before).norm() if write else q.new_zeros(())
     vhat = torch.cat(vhats, dim=1)
     look = Lookup(*(torch.cat(parts, dim=1) for parts in zip(*looks)))
     addr_t = torch.stack(addr_losses) if addr_losses else q.new_zeros(0)
-    return ChunkedOutput(vhat, look, addr_t, update_sq.sqrt(), key_norm)
+    return ChunkedOutput(vhat, look, addr_t, update_sq.sqrt(), key_norm, _first_fault(oks, values_oks, q.device))
 
 
-def _check_finite(delta_sq: Tensor, new_keys: Tensor, name: str, chunk: int) -> None:
-    # ‖ΔV‖² is finite iff every entry is (NaN and ±inf propagate through the square and the sum).
-    if not bool(torch.isfinite(delta_sq)):
-        raise NonFiniteWriteError(f"{name}: non-finite value write in chunk {chunk}; memory left unchanged for this chunk")
-    if not bool(torch.isfinite(new_keys).all()):
-        raise NonFiniteWriteError(f"{name}: non-finite key write in chunk {chunk}; memory left unchanged for this chunk")
+def _first_fault(oks: list[Tensor], values_oks: list[Tensor], device) -> Tensor:
+    """() int64 `ChunkedOutput.fault` from each chunk's ok (True up to the first failed chunk,
+    then False) and value-write finiteness: one pass per call, not per chunk."""
+    if not oks:
+        return torch.full((), -1, dtype=torch.long, device=device)
+    ok = torch.stack(oks)  # (chunks,)
+    first = ok.sum()  # chunks before the first failure
+    at = first.clamp(max=len(oks) - 1)
+    # `take`, not `[at]`: indexing with a 0-dim tensor reads it on the host
+    code = 2 * first + torch.stack(values_oks).take(at).long()  # keys failed iff values were finite
+    return torch.where(ok[-1], -1, code)
+
+
+def _raise_on_fault(fault: Tensor, name: str) -> None:
+    """The call's one host read: raise for the first non-finite write `fwpkm_core` recorded."""
+    code = int(fault)
+    if code >= 0:
+        chunk, part = divmod(code, 2)
+        raise NonFiniteWriteError(
+            f"{name}: non-finite {('value', 'key')[part]} write in chunk {chunk}; memory left unchanged from this chunk on"
+        )
 
 
 class FwPKM(nn.Module):

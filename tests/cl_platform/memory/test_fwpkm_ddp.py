@@ -88,3 +88,35 @@ def test_gradients_summed_over_ranks_equal_one_process_on_the_whole_batch(tmp_pa
     # The inputs' gradients are each rank's rows of the whole batch's: the later chunks of every
     # rank read a memory written from both ranks' tokens, and the gradient comes back across.
     torch.testing.assert_close(torch.cat([r["input"] for r in ranks]), whole.grad, atol=1e-10, rtol=1e-9)
+
+
+def audit_worker(rank: int, init_file: str, out_dir: str) -> None:
+    from test_sync_free import SyncAudit  # this folder is on the path (pytest's prepend import mode)
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        layer, x = make_layer_and_batch()
+        shard = x[2 * rank : 2 * rank + 2]
+        counts = {}
+        for T in (5, 15):  # 1 and 3 chunks of 5
+            for graph in (False, True):
+                with SyncAudit() as audit, torch.set_grad_enabled(graph):
+                    y = layer(shard[:, :T].clone().requires_grad_(graph))
+                    if graph:
+                        y.pow(2).mean().backward()
+                counts[T, graph] = dict(audit.counts)
+        torch.save(counts, os.path.join(out_dir, f"audit{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_data_parallel_writes_read_the_device_twice_per_call_whatever_the_chunks(tmp_path):
+    """The ranks' batch sizes once per call and the end-of-call finiteness check; nothing per
+    chunk (the old union exchanged lengths and ran `unique` on every chunk)."""
+    mp.spawn(audit_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    for rank in range(WORLD):
+        counts = torch.load(tmp_path / f"audit{rank}.pt", weights_only=False)
+        for graph in (False, True):
+            assert counts[5, graph] == counts[15, graph] == {"_local_scalar_dense": 2}, (rank, graph, counts)
