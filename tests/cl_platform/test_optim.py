@@ -109,3 +109,37 @@ def test_gradient_kind_must_match_group():
     emb(torch.tensor([1])).sum().backward()
     with pytest.raises(RuntimeError, match="'oops'.*sparse gradient"):
         opt.step()
+
+
+def _per_tensor_adamw(p, grad, state, lr, betas, eps, weight_decay):
+    """The dense update one tensor at a time (the loop MixedAdamW ran before its multi-tensor
+    step), the reference the multi-tensor step must equal bit for bit on the CPU."""
+    import math
+
+    beta1, beta2 = betas
+    state["step"] += 1
+    p.mul_(1 - lr * weight_decay)
+    state["m"].lerp_(grad, 1 - beta1)
+    state["v"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (state["v"].sqrt() / math.sqrt(1 - beta2 ** state["step"])).add_(eps)
+    p.addcdiv_(state["m"], denom, value=-lr / (1 - beta1 ** state["step"]))
+
+
+def test_multi_tensor_step_is_the_per_tensor_loop_bit_for_bit_with_per_parameter_steps():
+    shapes = [(7, 5), (5,), (3, 4, 2), (1,)]
+    torch.manual_seed(3)
+    ours = [nn.Parameter(torch.randn(s)) for s in shapes]
+    ref = [p.detach().clone() for p in ours]
+    states = [dict(step=0, m=torch.zeros(s), v=torch.zeros(s)) for s in shapes]
+    kw = dict(lr=3e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt = MixedAdamW(ours, **kw)
+    for t, grads in enumerate(_dense_grads(shapes, steps=7, seed=2)):
+        for i, (p, q, g, st) in enumerate(zip(ours, ref, grads, states)):
+            skip = i == 1 and t % 3 == 0  # a parameter without a gradient this step: its step count lags
+            p.grad = None if skip else g.clone()
+            if not skip:
+                _per_tensor_adamw(q, g, st, **kw)
+        opt.step()
+    for p, q in zip(ours, ref):
+        assert torch.equal(p.detach(), q)
+    assert opt.state[ours[1]]["step"] == states[1]["step"] == 4 and opt.state[ours[0]]["step"] == 7
