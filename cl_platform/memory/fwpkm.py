@@ -621,6 +621,9 @@ class FwPKM(nn.Module):
         self.extra_read = None
         self.extra_corrected = True
         self.observer = None
+        # (B, T, Dq) -> (B, T, Dq), applied to the queries before the memory reads them: an
+        # intervention (clp niah's address patching reads a question with a needle's queries).
+        self.query_patch = None
         Dq = cfg.d_key * cfg.heads
         self.norm_q, self.norm_v, self.norm_g = RMSNorm(d_model), RMSNorm(d_model), RMSNorm(d_model)
         self.proj_q = nn.Linear(d_model, Dq)
@@ -711,6 +714,8 @@ class FwPKM(nn.Module):
             self.reset()
         dt = self.values.dtype  # memory math runs in the fast weights' dtype (float32 under autocast)
         q = self.proj_q(self.norm_q(x)).to(dt)
+        if self.query_patch is not None:  # an intervention on where tokens read (and write): clp niah's patching
+            q = self.query_patch(q)
         v = self.proj_v(self.norm_v(x)).to(dt)
         if cfg.target_norm:
             v = zscore(v)

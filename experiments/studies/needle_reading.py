@@ -28,6 +28,7 @@ what evaluation starts from.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 from typing import Any, Sequence
@@ -36,8 +37,8 @@ from analysis.intervals import mean_of
 from analysis.memory_inspect import addresses
 
 
-def read_iteratively(model, episode, n: int, rule, memory, autocast, writes: Sequence[int] | None = None
-                     ) -> tuple[list[bool], int]:
+def read_iteratively(model, episode, n: int, rule, memory, autocast, writes: Sequence[int] | None = None,
+                     patch: bool = False) -> tuple[list[bool], int]:
     """n-iter reading of one episode from memory state `memory`: n − 1 reads of the haystack, each
     with one write over the whole context, then haystack + question with writes off, once per
     needle with that needle's number as the answer (one batch: the memory is the same for all).
@@ -60,7 +61,8 @@ def read_iteratively(model, episode, n: int, rule, memory, autocast, writes: Seq
         for _ in range(n - 1):
             model(hay)
         model.set_writes(False)
-        logits = model(full)
+        with patched(model, episode, patch):
+            logits = model(full)
     for layer, wrote in zip(layers, writing):
         if (layer.calls, layer.writes) != (n, n - 1 if wrote else 0):
             raise AssertionError(f"{layer.name}: {n}-iter read {layer.calls} times and wrote {layer.writes} times")
@@ -95,8 +97,8 @@ def _rank(logits, episode) -> int:
     return 1 + sum(ll > lls[episode.asked] for ll in lls)
 
 
-def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] | None = None
-                 ) -> tuple[list[bool], dict[str, dict[str, Any]]]:
+def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] | None = None,
+                 patch: bool = False) -> tuple[list[bool], dict[str, dict[str, Any]]]:
     """One read of haystack + question writing every `rule.chunk` tokens (the ordinary mode);
     which answer tokens are the model's top-1 (teacher forced), and per FwPKM layer where the
     question reads against where the needles wrote (`addresses`)."""
@@ -116,12 +118,37 @@ def read_in_pass(model, episode, rule, memory, autocast, writes: Sequence[int] |
     for layer in layers:
         layer.observer = keep
     try:
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), autocast, patched(model, episode, patch):
             logits = model(full)
     finally:
         for layer, observer in zip(layers, kept):
             layer.observer = observer
     return _answer_hits(logits, episode), {name: addresses(idx, w, episode) for name, (idx, w) in picks.items()}
+
+
+@contextlib.contextmanager
+def patched(model, episode, on: bool = True):
+    """Address patching, the causal test of the address: within it (if `on`), every FwPKM layer
+    reads the question's answer positions (its last token, which predicts the number's first token,
+    then the number's own tokens but the last) with the queries of the asked needle's same tokens
+    (its " is" and number), which wrote the number's tokens under their own lookups (look-ahead).
+    If the memory holds the number and only the address is wrong, retrieval rises."""
+    import torch
+
+    if not on:
+        yield
+        return
+    k = len(episode.answer)
+    src = torch.arange(k) + episode.answer_starts[episode.asked] - 1
+    dst = torch.arange(k) + len(episode.haystack) + len(episode.question) - 1
+    layers = model.fwpkm_layers()
+    for layer in layers:
+        layer.query_patch = lambda q: q.index_copy(1, dst, q.index_select(1, src))
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.query_patch = None
 
 
 def _answer_hits(logits, episode) -> list[bool]:
@@ -234,7 +261,7 @@ def episode_facts(exp, setup) -> tuple[list[int], str]:
 
 
 def read_episodes(model, exp, rule, source, tokenizer, precision: str,
-                  writes: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
+                  writes: Sequence[int] | None = None, seed: int = 0, patch: bool = False) -> dict[str, Any]:
     """Exact match per setting (n-iter for each n, and in-pass), overall and by asked needle;
     `writes`: the FwPKM layers that write (default every one). `exp.memory` "reset": every
     episode starts from the model's memory as trained; "persist": each reading's memory carries
@@ -264,10 +291,10 @@ def read_episodes(model, exp, rule, source, tokenizer, precision: str,
         answers, ranked = {}, {}
         for n in exp.iterations:
             answers[f"{n}-iter"], ranked[f"{n}-iter"] = read_iteratively(model, e, n, rule, start[f"{n}-iter"],
-                                                                         autocast, writes)
+                                                                         autocast, writes, patch)
             if exp.memory == "persist":
                 start[f"{n}-iter"] = model.snapshot_memory()
-        answers["in-pass"], where = read_in_pass(model, e, rule, start["in-pass"], autocast, writes)
+        answers["in-pass"], where = read_in_pass(model, e, rule, start["in-pass"], autocast, writes, patch)
         if exp.memory == "persist":
             start["in-pass"] = model.snapshot_memory()
         done[i] = (answers, ranked, where)

@@ -17,8 +17,7 @@ fine-tune are `needle_reading.py`; where the question reads against where each n
 `analysis.memory_inspect.addresses`. Fine-tuning (`finetune: true`) trains the slow weights on
 episodes of the haystack domain's `pretrain` split, each with a memory of its own, as in evaluation
 (before 2026-12-06 they shared one: LOG stop 43; `FINETUNE_MEMORY`). Results:
-`<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later runs. A model may also
-change how far its variant's attention reaches (REACH_FIELDS): the positive control.
+`<runs_root>/niah-<key>/`, one JSON per (model, seed), reused by later runs.
 """
 
 from __future__ import annotations
@@ -38,9 +37,9 @@ from experiments.studies.needle_reading import (by_flag, episode_facts, finetune
 from experiments.studies.family import Family, load_family
 from experiments.studies.study import Study, check_seeds, each_base, load_study, publish, row, study_folder
 
-MODEL_KEYS = ("variant", "finetune", "rule", "model", "writes")
-# `writes: [3]`: only these FwPKM layers (block indices) write while a zero-shot model reads (a
-# per-layer ablation). `model:` may change how far attention reaches, nothing with parameters, so
+MODEL_KEYS = ("variant", "finetune", "rule", "model", "writes", "patch")
+# `writes: [3]`: only these FwPKM layers write while a zero-shot model reads (a per-layer ablation);
+# `patch: true`: its questions read with the asked needle's queries (the causal test of the address). `model:` may change how far attention reaches, nothing with parameters, so
 # the variant's base loads as it is: `model: {window: 4096}` on the FwPKM base is the positive
 # control (issue 22), which must retrieve for a memory's null result to mean the memory.
 REACH_FIELDS = ("mixer", "window", "pswa_prob")
@@ -65,9 +64,8 @@ class NeedleExperiment:
     finetune_lr: float = 1e-3
     base_seed: int = 0  # which of the family's bases
     seeds: list[int] = field(default_factory=lambda: [0])  # fine-tuning seeds (zero-shot models: the first only)
-    # A model the others are compared with, episode by episode (`reference=NAME` on the command
-    # line): every reading's exact-match difference with a paired bootstrap over the episodes (and,
-    # over base seeds, the t-interval of the bases' differences). Printing only: not in the key.
+    # Compared with every other model episode by episode (`reference=NAME`): paired bootstrap over the
+    # episodes (over base seeds: the t-interval of the bases' differences). Printing only: not in the key.
     reference: str | None = None
     runs_root: str | None = None
 
@@ -93,7 +91,8 @@ class NeedleExperiment:
                     (writes is None or (isinstance(writes, list) and all(is_int(i) for i in writes)
                                         and len(set(writes)) == len(writes)),
                      f"writes must be a list of distinct FwPKM layer indices (got {writes!r})"),
-                    (writes is None or not spec.get("finetune"), "writes applies to zero-shot models (finetune: false)")):
+                    (writes is None or not spec.get("finetune"), "writes applies to zero-shot models (finetune: false)"),
+                    (isinstance(spec.get("patch", False), bool), "patch must be true or false")):
                 check(ok, self, "models", f"model {name!r}: {why}")
             try:
                 WriteRule(**(spec.get("rule") or {}))
@@ -235,7 +234,8 @@ class Needles(Study):
             say(f"{name}, seed {seed}: fine-tuning {exp.finetune_steps} steps on needle episodes")
             loss = finetune(model, exp, rule, split_tokens(splits["pretrain"]), tokenizer, seed, precision)
         say(f"{name}, seed {seed}: scoring {exp.episodes} episodes")
-        result = read_episodes(model, exp, rule, haystack(exp, setup), tokenizer, precision, spec.get("writes"), seed)
+        result = read_episodes(model, exp, rule, haystack(exp, setup), tokenizer, precision, spec.get("writes"), seed,
+                               bool(spec.get("patch")))
         return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss,
                 "finetune_memory": FINETUNE_MEMORY if spec.get("finetune") else None, "window": model_config.window,
                 "mixer": model_config.mixer, "fwpkm_layers": setup.model_config.fwpkm_layers, **result,

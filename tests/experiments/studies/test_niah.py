@@ -247,6 +247,7 @@ def family_files(tiny, tmp_path, **niah):
     ({"models": {"x": {"variant": "fwpkm", "writes": 1}}}, "writes must be a list of distinct"),
     ({"models": {"x": {"variant": "fwpkm", "writes": [1], "finetune": True}}}, "writes applies to zero-shot"),
     ({"split": "test"}, "split='test': must be 'dev' or 'eval'"),
+    ({"models": {"x": {"variant": "fwpkm", "patch": "yes"}}}, "patch must be true or false"),
     ({"memory": "forever"}, "memory='forever': must be 'reset' or 'persist'"),
 ])
 def test_bad_configs_are_named(tiny, tmp_path, fields, message):
@@ -558,3 +559,32 @@ def test_persisting_memory_carries_each_readings_writes_to_the_next_episode(tiny
     assert persist["address"] != reset["address"]
     assert reset["address"] == read_episodes(model, SimpleNamespace(**{**vars(exp), "memory": "reset"}), rule, source,
                                              tok, "32-true", seed=9)["address"]
+
+
+def test_address_patching_reads_the_question_with_the_asked_needles_queries(model_and_episodes):
+    """With `patch`, every FwPKM layer looks up the question's answer positions exactly where the
+    asked needle's " is" and number tokens did (writes off in the final read: the same keys, so the
+    same slots and weights); without it they differ; the patch is gone afterwards."""
+    model, episodes, rule = model_and_episodes
+    memory = model.snapshot_memory()
+    ep = episodes[0]
+    k = len(ep.answer)
+    src = [ep.answer_starts[ep.asked] - 1 + i for i in range(k)]
+    dst = [len(ep.haystack) + len(ep.question) - 1 + i for i in range(k)]
+    seen = {}
+    layers = model.fwpkm_layers()
+    for layer in layers:
+        layer.observer = lambda layer, g, idx, w: seen.__setitem__(layer.name, (idx, w))
+    try:
+        for patch in (True, False):
+            seen.clear()
+            read_iteratively(model, ep, 2, rule, memory, contextlib.nullcontext(), patch=patch)
+            assert set(seen) == {layer.name for layer in layers}
+            for idx, w in seen.values():  # the final read's lookups, every candidate row
+                same = torch.equal(idx[:, dst], idx[:, src]) and torch.equal(w[:, dst], w[:, src])
+                assert same == patch
+            assert all(layer.query_patch is None for layer in layers)
+    finally:
+        for layer in layers:
+            layer.observer = None
+    model.restore_memory(memory)
