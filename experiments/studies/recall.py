@@ -439,7 +439,8 @@ def grid_table(exp: RecallExperiment, summaries: dict[int, dict]) -> str:
     axes = exp.grid_axes()
     labels = ["pairs" if a == "num_pairs" else a for a in axes]
     what = "the number of pairs" if axes == ["num_pairs"] else ", ".join(labels)
-    lines = [f"recall against {what} (seq_len {cfg.seq_len}, {cfg.num_keys} keys, chance "
+    keys = "" if "num_keys" in axes else f"{cfg.num_keys} keys, "  # a grid's own values are in the rows
+    lines = [f"recall against {what} (seq_len {cfg.seq_len}, {keys}chance "
              f"{_chance(cfg)}, window {exp.window}, {exp.steps} steps of {exp.batch_size}, sequences per "
              f"forward {exp.sequences_per_forward or exp.batch_size}; mean ± std over seeds {exp.seeds})",
              f"{'variant':>22s} " + " ".join(f"{a:>5s}" for a in labels) + f" {_columns(exp)}"]
