@@ -58,10 +58,20 @@ def latest_checkpoint(path: str | os.PathLike[str]) -> Path | None:
 
 def model_config_dict(config: Any) -> dict[str, Any]:
     """The architecture a checkpoint is for: the model config without `preset`, which only names
-    where its defaults came from (a base built from equal fields fits whatever the preset name)."""
+    where its defaults came from (a base built from equal fields fits whatever the preset name).
+    Fields added after bases were made leave out their off value (OFF_FIELDS): at that value they
+    name the architecture the bases have, so a base's key (`experiments.setup.base_key` hashes
+    this) and its checkpoint comparison stay what they were, and the shipped bases are found."""
     data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
     data.pop("preset", None)
+    for name, off in OFF_FIELDS.items():
+        if name in data and data[name] == off:
+            del data[name]
     return data
+
+
+# ModelConfig fields added after the shipped bases, with the value that is the architecture before them.
+OFF_FIELDS = {"conv_kernel": 0}
 
 
 def save_checkpoint(path: str | os.PathLike[str], kind: str, model_config: Any, payload: dict[str, Any],

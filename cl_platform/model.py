@@ -8,13 +8,21 @@
 Block l (docs/fwpkm.md, "The model around it"):
 
     h = h + FwPKM(h)                     only if l in fwpkm_layers, before the token mixer
-    h = h + Attention(RMSNorm(h))        causal, RoPE, sliding window or full
+    h = h + Attention(RMSNorm(h))        causal, RoPE, sliding window or full; with `conv_kernel`
+                                         a short causal convolution on its q, k, v (below)
     h = h + MLP(RMSNorm(h))              or h = h + PKM(h) if l in pkm_layers (PKM norms its input)
 
 then a final RMSNorm and logits through the tied embedding. The paper's backbone is Gated DeltaNet
 (GDN) or GDN+SWA; this platform uses softmax attention only: sliding-window (`mixer="swa"`,
 `window` tokens) or full attention trained as sliding-window with probability `pswa_prob`
 ("pSWA", `mixer="full"`), so that the model does not learn to ignore the memory.
+
+`conv_kernel: K` (0: off, every preset) adds the short causal convolution of GDN's token mixer
+(kernel 4 there) to attention: depthwise over the q, k, v projections, each position mixing its
+own and the K − 1 previous positions' projections, so a token's query, key and value carry the few
+tokens before it (a multi-token ID before " is") without attention having to learn to gather
+them. Residual (`x + conv(x)`, as the Canon layers of arXiv 2512.17351), no activation: the
+attention still sees every token's own projection, whatever the conv's initial weights.
 
 `ModelConfig` is the architecture only. How the FwPKM layers write (`WriteRule`: learning rates,
 chunk, look-ahead, persistence) is a setting of the phase, given to the model and changeable
@@ -61,6 +69,7 @@ class ModelConfig:
     pkm: PKMConfig = field(default_factory=PKMConfig)
     dropout: float = 0.0
     rope_base: float = 10000.0
+    conv_kernel: int = 0  # short causal conv on attention's q, k, v (kernel 4 in GDN); 0: off
 
     def __post_init__(self):
         check(self.preset in PRESETS, self, "preset", f"must be one of {sorted(PRESETS)}")
@@ -77,6 +86,8 @@ class ModelConfig:
         check(is_number(self.pswa_prob, 0) and self.pswa_prob <= 1, self, "pswa_prob", "must be in [0, 1]")
         check(is_number(self.dropout, 0) and self.dropout < 1, self, "dropout", "must be in [0, 1)")
         check(is_number(self.rope_base, 0, strict=True), self, "rope_base", "must be a number > 0")
+        check(is_int(self.conv_kernel, 0) and self.conv_kernel != 1, self, "conv_kernel",
+              "must be 0 (off) or an int >= 2 (a kernel of 1 mixes no positions)")
         check(isinstance(self.fwpkm, FwPKMConfig), self, "fwpkm", "must be a FwPKMConfig")
         check(isinstance(self.pkm, PKMConfig), self, "pkm", "must be a PKMConfig")
         for name in ("fwpkm_layers", "pkm_layers"):
@@ -177,6 +188,45 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def causal_conv_naive(x: Tensor, weight: Tensor, prefix: Tensor | None = None) -> Tensor:
+    """The reference for `CausalConv`, one position at a time: y_t = Σ_j weight[:, j] · x_{t−K+1+j}
+    for x (B, T, C), weight (C, K); positions before the start are `prefix` (B, K − 1, C), or zeros."""
+    B, T, C = x.shape
+    K = weight.shape[1]
+    past = prefix if prefix is not None else x.new_zeros(B, K - 1, C)
+    full = torch.cat([past, x], dim=1)  # (B, K − 1 + T, C): input t sits at t + K − 1
+    out = []
+    for t in range(T):
+        y = x.new_zeros(B, C)
+        for j in range(K):
+            y = y + weight[:, j] * full[:, t + j]
+        out.append(y)
+    return torch.stack(out, dim=1)
+
+
+class CausalConv(nn.Module):
+    """Depthwise causal convolution over time: channel c of position t mixes channel c of positions
+    t − K + 1 .. t, nothing later. With a decoding cache the last K − 1 inputs are kept, so decoding
+    a few tokens at a time gives what one forward over the whole sequence gives."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.kernel = kernel
+        # nn.Conv1d's default init for a depthwise kernel (fan-in K): U(±1/√K).
+        self.weight = nn.Parameter(torch.empty(channels, kernel).uniform_(-kernel ** -0.5, kernel ** -0.5))
+
+    def forward(self, x: Tensor, cache: "LayerCache | None" = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C); `cache` (if given) supplies the previous inputs and keeps the new last K − 1."""
+        B, T, C = x.shape
+        K = self.kernel
+        past = cache.conv if cache is not None and cache.conv is not None else x.new_zeros(B, K - 1, C)
+        full = torch.cat([past, x], dim=1)  # (B, K − 1 + T, C)
+        if cache is not None:
+            cache.conv = full[:, full.shape[1] - (K - 1):]
+        y = F.conv1d(full.transpose(1, 2), self.weight.unsqueeze(1), groups=C)  # (B, C, T): valid positions only
+        return y.transpose(1, 2)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -188,6 +238,7 @@ class Attention(nn.Module):
         self.rope_base = config.rope_base
         self.dropout = config.dropout
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.conv = CausalConv(3 * config.d_model, config.conv_kernel) if config.conv_kernel else None
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.resid_drop = nn.Dropout(config.dropout)
 
@@ -200,7 +251,10 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cache: "LayerCache | None" = None) -> Tensor:
         B, T, d = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x)  # (B, T, 3d)
+        if self.conv is not None:
+            qkv = qkv + self.conv(qkv, cache)
+        q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         start = cache.pos if cache is not None else 0  # absolute position of x's first token
         cos, sin = _rope_cos_sin(start + T, self.head_dim, self.rope_base, x.device)  # (start + T, hd/2)
         q, k = apply_rope(q, cos[start:], sin[start:]), apply_rope(k, cos[start:], sin[start:])  # (B, nh, T, hd)
@@ -237,11 +291,13 @@ class Attention(nn.Module):
 @dataclass
 class LayerCache:
     """One attention layer's decoding state: the rotated keys and values (B, nh, P, hd) of the
-    positions a later token may still attend to, and `pos`, the tokens seen so far."""
+    positions a later token may still attend to, `pos`, the tokens seen so far, and with a
+    `conv_kernel` K the last K − 1 inputs of the convolution (B, K − 1, 3d)."""
 
     k: Tensor | None = None
     v: Tensor | None = None
     pos: int = 0
+    conv: Tensor | None = None
 
 
 class MLP(nn.Module):

@@ -22,6 +22,17 @@ with a memory of its own, as it is evaluated (with the default 0, the B sequence
 write one memory: with 64 shared keys their pairs collide, and beyond ~8 pairs nothing is
 learned); `probe_every: N` scores 16 probe sequences at the longest distance every N steps,
 giving the steps each variant needs to reach 90 %.
+
+Composite keys (issue 53, `experiments/configs/recall_keys.yaml`): `recall: {key_tokens: m,
+value_tokens: L}` makes keys of m symbols of `num_keys` (16: hex, 10: digits) and values of L
+tokens (`streams/recall.py`); a query is scored by exact match of its whole value. `grid:
+{num_keys: [16, 10], key_tokens: [1, 2, 4]}` runs the study once per combination of those recall
+fields, as `pairs` does for the pair count. The variant `fwpkm-conv` is `fwpkm` with the short
+causal convolution on attention's q, k, v (`ModelConfig.conv_kernel` = CONV_KERNEL).
+`iterations: [1, 2, 3]` also scores the paper's n-iter reading (`read_iteratively`): from a fresh
+memory, the context before the queries (pairs and filler) is read n − 1 times, each read ending
+with one write over the whole context, then the whole sequence is read with writes off and its
+queries scored; in-pass (the training mode, a write every `chunk` tokens) is scored as before.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from analysis.intervals import mean_and_std
+from analysis.intervals import mean_and_std, mean_std
 from cl_platform.atomic import atomic_write_json
 from cl_platform.check import check, is_int, is_number
 from experiments.studies.study import Study, check_seeds, load_study, study_folder
@@ -47,14 +58,21 @@ ABLATIONS = {
     "fwpkm-no-target-norm": ("arch", {"target_norm": False}),
     "fwpkm-no-addr-loss": ("rule", {"addr_weight": 0.0}),
 }
-VARIANTS = ("attention", "fwpkm", *ABLATIONS)
+# Additions to the fwpkm variant, one each: -conv (the short convolution of GDN's token mixer).
+CONV_KERNEL = 4  # GDN's
+ADDITIONS = {
+    "fwpkm-conv": ("model", {"conv_kernel": CONV_KERNEL}),
+}
+CHANGES = {**ABLATIONS, **ADDITIONS}
+VARIANTS = ("attention", "fwpkm", *ABLATIONS, *ADDITIONS)
+DEFAULT_VARIANTS = ("attention", "fwpkm", *ABLATIONS)  # what a config without `variants` runs, as before
 PROBE_SEQUENCES = 16  # scored every `probe_every` steps at the longest distance
 
 
 @dataclass
 class RecallExperiment:
     recall: dict[str, Any] = field(default_factory=dict)  # RecallConfig fields
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     n_layer: int = 2
     d_model: int = 64
     n_head: int = 2
@@ -72,6 +90,8 @@ class RecallExperiment:
     sequences_per_forward: int = 0  # 0: a batch is one forward, one memory; k: k sequences a memory
     probe_every: int = 0  # steps between probes of accuracy during training; 0: none
     pairs: list[int] = field(default_factory=list)  # a grid over recall.num_pairs: one study each
+    grid: dict[str, list] = field(default_factory=dict)  # recall field -> values: one study per combination
+    iterations: list[int] = field(default_factory=list)  # n-iter readings scored beside in-pass; []: none
 
     def __post_init__(self) -> None:
         self.recall_config = RecallConfig(**self.recall)  # its own errors name recall.<field>
@@ -93,20 +113,42 @@ class RecallExperiment:
         check(is_int(self.probe_every, 0), self, "probe_every", "must be an int >= 0")
         check(all(is_int(p, 1) for p in self.pairs) and len(set(self.pairs)) == len(self.pairs), self, "pairs",
               "must be a list of distinct positive ints")
-        for config in [self.recall_config] + [RecallConfig(**{**self.recall, "num_pairs": p}) for p in self.pairs]:
+        fields = [f.name for f in dataclasses.fields(RecallConfig)]
+        check(isinstance(self.grid, dict) and all(k in fields for k in self.grid), self, "grid",
+              f"must map recall fields ({fields}) to lists of values")
+        check("num_pairs" not in self.grid or not self.pairs, self, "grid", "names num_pairs; give it there or in `pairs`, not both")
+        check(all(isinstance(v, list) and v and len(set(map(repr, v))) == len(v) for v in self.grid.values()), self, "grid",
+              "must give each field a non-empty list of distinct values")
+        check(isinstance(self.iterations, list) and all(is_int(n, 1) for n in self.iterations)
+              and len(set(self.iterations)) == len(self.iterations), self, "iterations", "must be a list of distinct ints >= 1")
+        for config in [self.recall_config] + [p.recall_config for p in self.points()]:  # each raises naming recall.<field>
             for d in self.eval_distances:
                 config.check_distance(d)
 
+    def points(self) -> list["RecallExperiment"]:
+        """The grid's experiments (`pairs` and `grid` crossed, in order), each with no grid of its
+        own; [] without a grid."""
+        axes = ({"num_pairs": self.pairs} if self.pairs else {}) | self.grid
+        if not axes:
+            return []
+        combos = [{}]
+        for name, values in axes.items():
+            combos = [{**c, name: v} for c in combos for v in values]
+        return [dataclasses.replace(self, recall={**self.recall, **c}, pairs=[], grid={}) for c in combos]
+
+    def grid_axes(self) -> list[str]:
+        return (["num_pairs"] if self.pairs else []) + list(self.grid)
+
     def at_pairs(self, num_pairs: int) -> "RecallExperiment":
         """The same experiment with `num_pairs` pairs: one point of the `pairs` grid."""
-        return dataclasses.replace(self, recall={**self.recall, "num_pairs": num_pairs}, pairs=[])
+        return dataclasses.replace(self, recall={**self.recall, "num_pairs": num_pairs}, pairs=[], grid={})
 
     def identity(self) -> dict[str, Any]:
         """What names the results folder: every setting that changes a member's result. The
         fields added for the scaling study leave the identity unchanged at their defaults, so
         earlier results keep their folders."""
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("variants", "seeds", "runs_root", "pairs")}
-        for name in ("sequences_per_forward", "probe_every"):
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("variants", "seeds", "runs_root", "pairs", "grid")}
+        for name in ("sequences_per_forward", "probe_every", "iterations"):
             if not out[name]:
                 del out[name]
         return out
@@ -132,36 +174,103 @@ def model_config(exp: RecallExperiment, variant: str):
     from cl_platform.model import ModelConfig
 
     name, layer = split_variant(variant, exp.fwpkm_layer)
-    kind, change = ABLATIONS.get(name, ("", {}))
+    kind, change = CHANGES.get(name, ("", {}))
     arch = {**exp.fwpkm, **(change if kind == "arch" else {})}
     return ModelConfig(vocab_size=exp.recall_config.vocab_size, n_layer=exp.n_layer, d_model=exp.d_model,
                        n_head=exp.n_head, window=exp.window, fwpkm=FwPKMConfig(**arch),
-                       fwpkm_layers=[] if name == "attention" else [layer])
+                       fwpkm_layers=[] if name == "attention" else [layer], **(change if kind == "model" else {}))
 
 
 def accuracy_at(model, exp: RecallExperiment, distance: int, n: int, seed: int, health: dict | None = None) -> float:
-    """Exact match at the query positions of `n` fresh sequences with their queries `distance`
-    tokens after their pairs, one sequence per forward (its own fresh memory)."""
+    """Exact match of the queries' whole values (`streams.recall.exact_match`) in `n` fresh
+    sequences with their queries `distance` tokens after their pairs, one sequence per forward
+    (its own fresh memory), read in-pass."""
     import torch
 
-    from cl_platform.constants import IGNORE_INDEX
-    from streams.recall import recall_batch
+    from streams.recall import exact_match, recall_batch
 
     test = recall_batch(exp.recall_config, n, [distance] * n, seed=seed)
     hits = total = 0
     with torch.no_grad():
         for i in range(n):
             ids, tgt = test["input_ids"][i:i + 1], test["targets"][i:i + 1]
-            mask = tgt != IGNORE_INDEX
             for layer in model.fwpkm_layers():
                 layer.reset_read_counts()
-            hits += int((model(ids).argmax(-1)[mask] == tgt[mask]).sum())
-            total += int(mask.sum())
+            right, asked = exact_match(model(ids).argmax(-1), tgt, exp.recall_config.value_tokens)
+            hits, total = hits + right, total + asked
             if health is not None:
                 for layer in model.fwpkm_layers():  # addressing health of this sequence's reads
                     for name, value in layer.usage_stats().items():
                         health.setdefault(name, []).append(value)
     return hits / total
+
+
+def read_iteratively(model, ids, context: int, iterations: Sequence[int], generator=None,
+                     trace: list | None = None) -> dict[int, Any]:
+    """The paper's n-iter reading of one sequence `ids` (1, T) for each n in `iterations`: from a
+    fresh memory (drawn from `generator`), n − 1 reads of the first `context` tokens, each ending
+    with one write over all of them (chunk = context), then a read of the whole sequence with
+    writes off. Returns {n: logits (1, T, V)}. One chain serves every n: the n-iter read is taken
+    at the state the (n − 1)-th write left, which the next write starts from. `trace` (a list)
+    receives (kind, snapshot of the memory as the read starts) for every read, kind "write" or
+    "read". The model's write rules and write switches are put back afterwards."""
+    import torch
+
+    layers = model.fwpkm_layers()
+    rules, writing = model.write_rules(), [layer.writes_enabled for layer in layers]
+    first = next(iter(rules.values()))
+    model.set_write_rules(dataclasses.replace(first, chunk=max(context, 2), persistence="persist"),
+                          {name: dataclasses.replace(rule, chunk=max(context, 2), persistence="persist")
+                           for name, rule in rules.items()})
+    model.reset_memory(generator)
+    for layer in layers:  # the state is the memory and its read counts (since this sequence began)
+        layer.reset_counters()
+        layer.reset_read_counts()
+    out = {}
+    try:
+        with torch.no_grad():
+            for r in range(1, max(iterations) + 1):
+                if r in iterations:
+                    model.set_writes(False)
+                    if trace is not None:
+                        trace.append(("read", model.snapshot_memory()))
+                    out[r] = model(ids)
+                if r < max(iterations):
+                    model.set_writes(True)
+                    if trace is not None:
+                        trace.append(("write", model.snapshot_memory()))
+                    model(ids[:, :context])
+    finally:
+        model.set_write_rules(first, rules)
+        for layer, on in zip(layers, writing):
+            layer.writes_enabled = on
+    for layer in layers:  # one write per extra read: the context is one chunk
+        if layer.writes != max(iterations) - 1:
+            raise AssertionError(f"{layer.name}: {max(iterations)}-iter reading wrote {layer.writes} times")
+    return out
+
+
+def iterative_accuracy(model, exp: RecallExperiment, distance: int, n: int, seed: int) -> dict[str, float]:
+    """Exact match of n-iter reading for each n in `exp.iterations`, on the same `n` fresh sequences
+    as `accuracy_at` with this seed; each sequence's fresh memory drawn from a generator seeded by
+    `seed` and its index. {str(n): accuracy}."""
+    import torch
+
+    from streams.recall import exact_match, recall_batch
+
+    cfg = exp.recall_config
+    test = recall_batch(cfg, n, [distance] * n, seed=seed)
+    hits = {k: 0 for k in exp.iterations}
+    total = 0
+    for i in range(n):
+        ids, tgt = test["input_ids"][i:i + 1], test["targets"][i:i + 1]
+        logits = read_iteratively(model, ids, cfg.queries_at(distance), exp.iterations,
+                                  generator=torch.Generator().manual_seed(seed * 100_003 + i))
+        for k, lg in logits.items():
+            right, asked = exact_match(lg.argmax(-1), tgt, cfg.value_tokens)
+            hits[k] += right
+        total += asked
+    return {str(k): hits[k] / total for k in exp.iterations}
 
 
 def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str, Any]:
@@ -180,7 +289,7 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
     quiet_lightning()
     cfg = exp.recall_config
     torch.manual_seed(seed)
-    kind, change = ABLATIONS.get(split_variant(variant, exp.fwpkm_layer)[0], ("", {}))
+    kind, change = CHANGES.get(split_variant(variant, exp.fwpkm_layer)[0], ("", {}))
     rule = WriteRule(chunk=exp.chunk, persistence="reset_per_call", **(change if kind == "rule" else {}))
     model = FwPKMLM(model_config(exp, variant), rule)
     # Training sequences put their queries at the end of the segment (the longest distance);
@@ -215,6 +324,9 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
                 for d in exp.eval_distances}
     out = {"variant": variant, "seed": seed, "final_train_loss": train_loss, "accuracy": accuracy,
            "addressing": {name: statistics.fmean(values) for name, values in health.items()}}
+    if exp.iterations and model.fwpkm_layers():  # the same sequences as `accuracy` (its seeds)
+        out["iterations"] = {str(d): iterative_accuracy(model, exp, d, exp.eval_sequences, seed=10_000 + 7 * seed + d)
+                             for d in exp.eval_distances}
     if exp.probe_every:
         out["probe_curve"] = curve
         out["steps_to_90"] = next((step for step, acc in curve if acc >= 0.9), None)
@@ -224,10 +336,13 @@ def train_and_score(exp: RecallExperiment, variant: str, seed: int) -> dict[str,
 def run(exp: RecallExperiment, say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
     """Every (variant, seed), each saved as it finishes; a re-run skips the finished ones. With a
     `pairs` grid: every pair count in turn; returns the last folder and {pairs: summary}."""
-    if exp.pairs:
+    points = exp.points()
+    if points:
         summaries = {}
-        for p in exp.pairs:
-            folder, summaries[p] = run_one(exp.at_pairs(p), say=lambda line: None if line.startswith("results") else say(line))
+        for point in points:
+            values = tuple(point.recall[name] for name in exp.grid_axes())
+            key = values[0] if len(values) == 1 else values  # a `pairs` grid keys by the pair count
+            folder, summaries[key] = run_one(point, say=lambda line: None if line.startswith("results") else say(line))
         say(grid_table(exp, summaries))
         return folder, summaries
     return run_one(exp, say)
@@ -263,14 +378,25 @@ class Recall(Study):
             out[variant] = {d: list(mean_and_std([r["accuracy"][d] for r in runs])) for d in map(str, self.exp.eval_distances)}
             if self.exp.probe_every:
                 out[variant]["steps_to_90"] = [r.get("steps_to_90") for r in runs]
+            if self.exp.iterations and all("iterations" in r for r in runs):
+                # n-iter exact match by distance (mean, std), and every reading's t-interval over seeds.
+                readings = {"in-pass": lambda r, d: r["accuracy"][d]}
+                readings |= {f"{n}-iter": (lambda r, d, n=n: r["iterations"][d][str(n)]) for n in self.exp.iterations}
+                for name, value in list(readings.items())[1:]:
+                    out[variant][name] = {d: list(mean_and_std([value(r, d) for r in runs])) for d in map(str, self.exp.eval_distances)}
+                out[variant]["over_seeds"] = {name: {d: _finite(mean_std([value(r, d) for r in runs]))
+                                                     for d in map(str, self.exp.eval_distances)}
+                                              for name, value in readings.items()}
         return out
 
     def table(self, summary: dict[str, Any]) -> str:
         cfg, exp = self.exp.recall_config, self.exp
-        head = (f"recall accuracy (exact match at the query positions; chance {1 / cfg.num_values:.3f}; attention window "
+        head = (f"recall accuracy (exact match at the query positions; chance {_chance(cfg)}; attention window "
                 f"{exp.window}; {cfg.num_pairs} pairs; mean ± std over seeds {exp.seeds})")
         lines = [head, f"{'distance':>22s} {_columns(exp)}"]
-        lines += [f"{variant:>22s} {_cells(exp, by_d)}" for variant, by_d in summary.items()]
+        for variant, by_d in summary.items():
+            lines.append(f"{variant:>22s} {_cells(exp, by_d)}")
+            lines += [f"{f'{n}-iter':>22s} {_cells(exp, by_d[f'{n}-iter'], probes=False)}" for n in exp.iterations if f"{n}-iter" in by_d]
         return "\n".join(lines)
 
     def outputs(self, results: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
@@ -285,23 +411,46 @@ def _columns(exp: RecallExperiment) -> str:
     return " ".join(f"{d:>13d}" for d in exp.eval_distances) + ("   steps to 90 %" if exp.probe_every else "")
 
 
-def _cells(exp: RecallExperiment, by_d: dict[str, Any]) -> str:
+def _chance(cfg) -> str:
+    """Exact match by guessing a value: 1 / num_values per token (printed as before for one token)."""
+    p = cfg.num_values ** -cfg.value_tokens
+    return f"{p:.3f}" if cfg.value_tokens == 1 else f"{p:.1e}"
+
+
+def _finite(stat: dict[str, Any]) -> dict[str, Any]:
+    """A `mean_std` with its NaNs (one seed) as None, for JSON."""
+    def fix(x):
+        return [fix(v) for v in x] if isinstance(x, list) else (None if isinstance(x, float) and x != x else x)
+    return {k: fix(v) for k, v in stat.items()}
+
+
+def _cells(exp: RecallExperiment, by_d: dict[str, Any], probes: bool = True) -> str:
     """One variant's accuracy by distance (mean ± std), then the steps to 90 % per seed ("-": never)."""
     cells = " ".join(f"{by_d[str(d)][0]:6.3f} ± {by_d[str(d)][1]:4.3f}" for d in exp.eval_distances)
-    if exp.probe_every:
+    if exp.probe_every and probes:
         cells += "   " + "/".join("-" if v is None else str(v) for v in by_d["steps_to_90"])
     return cells
 
 
 def grid_table(exp: RecallExperiment, summaries: dict[int, dict]) -> str:
-    """One row per (variant, pair count): accuracy by distance, and the steps to 90 % per seed."""
+    """One row per (variant, grid point): accuracy by distance, and the steps to 90 % per seed;
+    with `iterations`, a row per n-iter reading under each."""
     cfg = exp.recall_config
-    lines = [f"recall against the number of pairs (seq_len {cfg.seq_len}, {cfg.num_keys} keys, chance "
-             f"{1 / cfg.num_values:.3f}, window {exp.window}, {exp.steps} steps of {exp.batch_size}, sequences per "
+    axes = exp.grid_axes()
+    labels = ["pairs" if a == "num_pairs" else a for a in axes]
+    what = "the number of pairs" if axes == ["num_pairs"] else ", ".join(labels)
+    keys = "" if "num_keys" in axes else f"{cfg.num_keys} keys, "  # a grid's own values are in the rows
+    lines = [f"recall against {what} (seq_len {cfg.seq_len}, {keys}chance "
+             f"{_chance(cfg)}, window {exp.window}, {exp.steps} steps of {exp.batch_size}, sequences per "
              f"forward {exp.sequences_per_forward or exp.batch_size}; mean ± std over seeds {exp.seeds})",
-             f"{'variant':>22s} {'pairs':>5s} {_columns(exp)}"]
-    lines += [f"{variant:>22s} {p:5d} {_cells(exp, summary[variant])}"
-              for variant in exp.variants for p, summary in summaries.items()]
+             f"{'variant':>22s} " + " ".join(f"{a:>5s}" for a in labels) + f" {_columns(exp)}"]
+    for variant in exp.variants:
+        for key, summary in summaries.items():
+            values = key if isinstance(key, tuple) else (key,)
+            point = " ".join(f"{str(v):>{max(5, len(a))}s}" for v, a in zip(values, labels))
+            lines.append(f"{variant:>22s} {point} {_cells(exp, summary[variant])}")
+            lines += [f"{f'{n}-iter':>22s} {' ' * len(point)} {_cells(exp, summary[variant][f'{n}-iter'], probes=False)}"
+                      for n in exp.iterations if f"{n}-iter" in summary[variant]]
     return "\n".join(lines)
 
 

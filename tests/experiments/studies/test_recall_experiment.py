@@ -30,6 +30,15 @@ def write(tmp_path, **fields):
     ({"probe_every": -1}, "probe_every"),
     ({"pairs": [8, 24], "eval_distances": [0, 96]}, "recall distance 96 does not fit"),
     ({"pairs": [8, 8]}, "pairs"),
+    ({"grid": {"keys": [4]}}, "grid"),
+    ({"grid": {"key_tokens": []}}, "grid"),
+    ({"grid": {"num_pairs": [4]}, "pairs": [8]}, "grid"),
+    ({"grid": {"key_tokens": [1, 0]}}, "recall.key_tokens"),
+    ({"recall": {"num_keys": 10, "num_pairs": 11}}, "recall.num_pairs"),
+    ({"recall": {"value_tokens": 0}}, "recall.value_tokens"),
+    ({"iterations": [0]}, "iterations"),
+    ({"iterations": [2, 2]}, "iterations"),
+    ({"variants": ["fwpkm-convv"]}, "variants"),
 ])
 def test_bad_configs_are_named(tmp_path, fields, message):
     with pytest.raises((ConfigError, ValueError), match=message):
@@ -56,17 +65,20 @@ def test_fwpkm_recalls_beyond_the_window_and_attention_alone_does_not(tmp_path):
 
 
 def test_each_ablation_changes_one_setting_of_the_fwpkm_variant():
-    from experiments.studies.recall import ABLATIONS, VARIANTS, model_config
+    from experiments.studies.recall import ABLATIONS, ADDITIONS, DEFAULT_VARIANTS, VARIANTS, model_config
 
     exp = RecallExperiment()
     full = model_config(exp, "fwpkm")
     assert model_config(exp, "attention").fwpkm_layers == [] and full.fwpkm_layers == [exp.fwpkm_layer]
-    assert set(VARIANTS) == {"attention", "fwpkm", *ABLATIONS}
-    for variant, (kind, change) in ABLATIONS.items():
+    assert set(VARIANTS) == {"attention", "fwpkm", *ABLATIONS, *ADDITIONS}
+    assert exp.variants == list(DEFAULT_VARIANTS) == ["attention", "fwpkm", *ABLATIONS]  # as before the additions
+    for variant, (kind, change) in {**ABLATIONS, **ADDITIONS}.items():
         arch = model_config(exp, variant)
         assert arch.fwpkm_layers == full.fwpkm_layers
         if kind == "arch":  # the architecture differs in exactly the named fields
             assert {k for k in vars(full.fwpkm) if getattr(full.fwpkm, k) != getattr(arch.fwpkm, k)} == set(change)
+        elif kind == "model":  # a model field: only it differs
+            assert {k for k in vars(full) if getattr(full, k) != getattr(arch, k)} == set(change)
         else:
             assert arch == full  # the write rule carries the change (checked by the slow test for look-ahead)
 
@@ -75,11 +87,13 @@ def test_the_scaling_fields_leave_earlier_identities_alone_and_name_what_they_ch
     import dataclasses
 
     exp = RecallExperiment()
-    before = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("variants", "seeds", "runs_root", "sequences_per_forward", "probe_every", "pairs")}
+    before = {k: v for k, v in dataclasses.asdict(exp).items() if k not in ("variants", "seeds", "runs_root", "sequences_per_forward", "probe_every", "pairs", "grid", "iterations")}
     assert exp.identity() == before  # the folder of every earlier result is found again
     assert RecallExperiment(pairs=[8, 4]).identity() == before  # a grid names each point's folder
     assert RecallExperiment(sequences_per_forward=1).identity() == {**before, "sequences_per_forward": 1}
     assert RecallExperiment(probe_every=5).identity() == {**before, "probe_every": 5}
+    assert RecallExperiment(iterations=[1, 2]).identity() == {**before, "iterations": [1, 2]}
+    assert RecallExperiment(grid={"num_keys": [16, 10]}).identity() == before
     point = RecallExperiment(pairs=[8, 4]).at_pairs(4)
     assert point.recall_config.num_pairs == 4 and point.pairs == []
     assert point.identity() == {**before, "recall": {"num_pairs": 4}}
