@@ -21,8 +21,8 @@ then a final RMSNorm and logits through the tied embedding. The paper's backbone
 (kernel 4 there) to attention: depthwise over the q, k, v projections, each position mixing its
 own and the K − 1 previous positions' projections, so a token's query, key and value carry the few
 tokens before it (a multi-token ID before " is") without attention having to learn to gather
-them. Residual (`x + conv(x)`), no activation: the
-attention still sees every token's own projection, whatever the conv's initial weights.
+them. Residual (`x + conv(x)`), no activation: the attention still sees every token's own
+projection, whatever the conv's initial weights.
 
 `ModelConfig` is the architecture only. How the FwPKM layers write (`WriteRule`: learning rates,
 chunk, look-ahead, persistence) is a setting of the phase, given to the model and changeable
