@@ -409,7 +409,11 @@ def stage_syncs(st: Stage, ctx: Context) -> None:
         graph = Captured(*ctx.inputs(B, 4), state, cfg, rule)
     except Exception as err:  # noqa: BLE001 - captured no, and why, is the result
         st.put("captured", False)
-        st.put("capture_error", _first_line(err))
+        # The first error is the cause; ending a broken capture raises again and hides it.
+        first = err
+        while first.__context__ is not None:
+            first = first.__context__
+        st.put("capture_error", _first_line(first) + ("" if first is err else f" (then {_first_line(err)})"))
         return
     ctx.graphs[B] = graph
     st.put("captured", True)
