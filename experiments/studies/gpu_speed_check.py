@@ -311,6 +311,8 @@ def stage_env(st: Stage, ctx: Context) -> None:
     st.put("python", platform.python_version())
     st.put("torch", torch.__version__)
     st.put("cuda", torch.version.cuda or "none")
+    # "highest" means no TF32 in float32 matmuls (the reference errors assume it)
+    st.put("float32_matmul_precision", torch.get_float32_matmul_precision())
     try:
         import triton
 

@@ -71,6 +71,17 @@ def test_reference_errors_are_finite_and_within_the_bar(dry_run):
     assert ref["eager"]["read_counts"] == 0.0  # the same slots picked
 
 
+def test_a_result_is_in_the_json_as_soon_as_it_is_put(tmp_path):
+    """A run killed inside a stage keeps what that stage had measured."""
+    report = gpu_speed_check.Report(tmp_path, {"check": "test"})
+    stage = gpu_speed_check.Stage("layer", 10, on_put=lambda st: report.add(st, "running", 1.0, None))
+    stage.put("B4_core_eager_tok_s", 123.0)
+    doc = json.loads((tmp_path / gpu_speed_check.JSON_NAME).read_text())
+    assert doc["stages"]["layer"]["status"] == "running"
+    assert doc["stages"]["layer"]["results"] == {"B4_core_eager_tok_s": 123.0}
+    assert "B4_core_eager_tok_s: 123" in (tmp_path / gpu_speed_check.TABLE_NAME).read_text()
+
+
 def test_bad_arguments_are_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown stage"):
         gpu_speed_check.main(dry_run=True, out=str(tmp_path), caps={"warmup": 1})
