@@ -14,6 +14,7 @@
     clp tokenizer build [--out PATH]                     retrain the shipped byte-level BPE on the shipped corpora
     clp bench layer|step [--quick]                       benchmark tables (BENCHMARKS.md)
     clp bench device [--dry-run]                         the prepared GPU check, one table
+    clp bench speed [--dry-run] [--out DIR]              the GPU speed check in capped stages, JSON + table
     clp run|pretrain CONFIG --reuse-stale-base           use a base built by other code instead of rebuilding it
 
 Every command that reads a config file takes `CONFIG [key=value ...]`: `key` is a dotted field
@@ -164,6 +165,9 @@ COMMANDS = (
                   arg("--seq-len", type=positive_int, default=512, help="tokens per sequence (B = 8)"))),
     Command("bench device", "experiments.studies.bench_device:main", "the prepared GPU check: one table",
             args=(arg("--dry-run", action="store_true", help="the same code on the CPU at toy sizes"),)),
+    Command("bench speed", "experiments.studies.gpu_speed_check:main", "the GPU speed check in capped stages (≤ 5 min): JSON + table",
+            args=(arg("--dry-run", action="store_true", help="stages 2–6 on the CPU at toy sizes"),
+                  arg("--out", default=None, metavar="DIR", help="output folder (default: $OUT)"))),
 )
 
 VERBS = {"bench": "benchmarks", "data": "domain data", "tokenizer": "tokenizer"}

@@ -312,6 +312,7 @@ LOADERS = {
     "bench layer": parse_only,
     "bench step": parse_only,
     "bench device": parse_only,
+    "bench speed": parse_only,
 }
 
 

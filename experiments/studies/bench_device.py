@@ -89,15 +89,32 @@ def reference_error(device: torch.device, dtype: torch.dtype = torch.float32) ->
     return max((out["dev"][k].to("cpu", torch.float64) - a).abs().max().item() for k, a in out["ref"].items())
 
 
-def layer_rates(device: torch.device, size: dict, reps: int) -> dict[str, float | None]:
-    """Tokens/s of one read + write pass (no graph) of this layer and of the public port."""
+def make_layer(size: dict, device: torch.device):
+    """This FwPKM layer at `size` (a FULL- or TOY-like dict) on `device`, drawn from torch's global generator."""
     from cl_platform.memory.fwpkm import FwPKM, FwPKMConfig, WriteRule
 
+    return FwPKM(size["d"], FwPKMConfig(num_subkeys=size["subkeys"], d_key=size["d_key"], d_value=size["d_value"],
+                                        heads=size["heads"], topk=size["topk"]), WriteRule(chunk=size["chunk"])).to(device)
+
+
+def make_port(size: dict, device: torch.device):
+    """The public PyTorch port of FwPKM (`fast-weight-product-key-memory` 0.2.2) at the same size,
+    or None when it is not installed."""
+    try:
+        from fast_weight_product_key_memory import fwPKM
+    except ImportError:
+        return None
+    return fwPKM(size["d"], heads=size["heads"], chunk_size=size["chunk"], num_memories=size["subkeys"] ** 2,
+                 dim_queries_keys=size["heads"] * size["d_key"], dim_values=size["heads"] * size["d_value"],
+                 topk=size["topk"]).to(device)
+
+
+def layer_rates(device: torch.device, size: dict, reps: int) -> dict[str, float | None]:
+    """Tokens/s of one read + write pass (no graph) of this layer and of the public port."""
     torch.manual_seed(0)
     x = torch.randn(size["batch"], size["seq"], size["d"], device=device)
     tokens = size["batch"] * size["seq"]
-    ours = FwPKM(size["d"], FwPKMConfig(num_subkeys=size["subkeys"], d_key=size["d_key"], d_value=size["d_value"],
-                                        heads=size["heads"], topk=size["topk"]), WriteRule(chunk=size["chunk"])).to(device)
+    ours = make_layer(size, device)
     ours.eval()
 
     def run_ours():
@@ -105,12 +122,9 @@ def layer_rates(device: torch.device, size: dict, reps: int) -> dict[str, float 
             ours(x)
 
     rates: dict[str, float | None] = {"ours": tokens / _median_seconds(run_ours, device, reps), "port": None}
-    try:
-        from fast_weight_product_key_memory import fwPKM
-    except ImportError:
+    port = make_port(size, device)
+    if port is None:
         return rates
-    port = fwPKM(size["d"], heads=size["heads"], chunk_size=size["chunk"], num_memories=size["subkeys"] ** 2,
-                 dim_queries_keys=size["heads"] * size["d_key"], dim_values=size["heads"] * size["d_value"], topk=size["topk"]).to(device)
 
     def run_port():
         with torch.no_grad():

@@ -3,11 +3,8 @@ shape depend on data, except the one check at the end of a call; it compiles as 
 non-finite write is still reported with its chunk, the memory as it was before that chunk."""
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from cl_platform.memory.fwpkm import (
     FastWeightState,
@@ -21,30 +18,7 @@ from cl_platform.memory.fwpkm import (
     padded_unique,
     zscore,
 )
-
-# Ops that wait for the device (the host reads a value) or whose output shape depends on data.
-SYNC_OPS = {"_local_scalar_dense", "_unique2", "unique_dim", "unique_consecutive", "nonzero", "masked_select", "bincount"}
-
-
-class SyncAudit(TorchDispatchMode):
-    """Counts the aten ops in SYNC_OPS, and `index` with a boolean index (a hidden `nonzero`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._overloadpacket.__name__
-        if name in SYNC_OPS:
-            self.counts[name] += 1
-        elif func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
-            self.counts["index.Tensor(bool)"] += 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
+from cl_platform.memory.sync_audit import SyncAudit
 
 CFG = FwPKMConfig(num_subkeys=16, d_key=16, d_value=8, topk=4)
 CHUNK = 8
