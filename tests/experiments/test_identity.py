@@ -118,8 +118,9 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     root = Path(__file__).resolve().parents[2] / "experiments" / "configs"
     # Every shipped YAML is a run config or one experiment's own config, and loads as one.
     # Every compare_*.yaml is a comparison's config (the compare CLI refuses anything else).
-    others = {"recall": recall.load, "recall_scale": recall.load, "longctx": longctx.load, "niah": niah.load, "reference_family": longctx.load,
-              "niah_reference": niah.load, "repeat_reference": repeat.load}
+    others = {"recall": recall.load, "recall_scale": recall.load, "recall_keys": recall.load,
+              "recall_keys_short": recall.load, "longctx": longctx.load, "niah": niah.load,
+              "reference_family": longctx.load, "niah_reference": niah.load, "repeat_reference": repeat.load}
     others |= {p.stem: compare.load for p in root.glob("compare_*.yaml")}
     assert {"compare_strategies", "compare_strategies_dev", "compare_consolidation", "compare_consolidation_dev"} <= set(others)
     for stem, loader in others.items():
