@@ -246,18 +246,20 @@ def episodes(exp, source, tokenizer):
         yield make_episode(exp.needle_config, tokenizer, source, rng, asked=i % exp.needle_config.needles)
 
 
-def episode_facts(exp, setup) -> tuple[list[int], str]:
+def episode_facts(exp, setup) -> tuple[list[int], str, Any]:
     """For a variant's scored episodes: per episode, how many needles have the asked one's
-    attribute (Episode.attribute_count; recomputed, so members scored earlier get it too), and a
-    hash of their tokens, which two models must share to be compared episode by episode."""
+    attribute (Episode.attribute_count; recomputed, so members scored earlier get it too), a
+    hash of their tokens, which two models must share to be compared episode by episode, and the
+    haystack tokens they come from (`haystack`: read and tokenized once, for every member)."""
     import hashlib
 
     digest = hashlib.sha1()
     counts = []
-    for e in episodes(exp, haystack(exp, setup), setup.scenario.tokenizer):
+    source = haystack(exp, setup)
+    for e in episodes(exp, source, setup.scenario.tokenizer):
         counts.append(e.attribute_count())
         digest.update(repr((e.haystack, e.question, e.answer)).encode())
-    return counts, digest.hexdigest()
+    return counts, digest.hexdigest(), source
 
 
 def read_episodes(model, exp, rule, source, tokenizer, precision: str,

@@ -32,7 +32,7 @@ from analysis.intervals import interval_text, mean_and_std, mean_std, over_bases
 from analysis.memory_inspect import address_summary, address_text
 from cl_platform.check import ConfigError, check, is_int, is_number
 from experiments.config_files import relative_to
-from experiments.studies.needle_reading import (by_flag, episode_facts, finetune, haystack, name_guess, read_episodes,
+from experiments.studies.needle_reading import (by_flag, episode_facts, finetune, name_guess, read_episodes,
                                                 split_tokens, token_accuracy)
 from experiments.studies.family import Family, load_family
 from experiments.studies.study import Study, check_seeds, each_base, load_study, publish, row, study_folder
@@ -234,8 +234,8 @@ class Needles(Study):
             say(f"{name}, seed {seed}: fine-tuning {exp.finetune_steps} steps on needle episodes")
             loss = finetune(model, exp, rule, split_tokens(splits["pretrain"]), tokenizer, seed, precision)
         say(f"{name}, seed {seed}: scoring {exp.episodes} episodes")
-        result = read_episodes(model, exp, rule, haystack(exp, setup), tokenizer, precision, spec.get("writes"), seed,
-                               bool(spec.get("patch")))
+        result = read_episodes(model, exp, rule, self.facts[spec["variant"]][2], tokenizer, precision,
+                               spec.get("writes"), seed, bool(spec.get("patch")))
         return {"model": name, "seed": seed, "spec": spec, "finetune_loss": loss,
                 "finetune_memory": FINETUNE_MEMORY if spec.get("finetune") else None, "window": model_config.window,
                 "mixer": model_config.mixer, "fwpkm_layers": setup.model_config.fwpkm_layers, **result,
