@@ -148,7 +148,7 @@ class ContinualRunner:
         self.eval_loaders = [eval_loaders[d] for d in self.domains]
         self.curve_loaders = subset_loaders(eval_loaders, cl.curve_segments, cl.eval_batch_size)
         self.callbacks = list(callbacks or [])
-        hooks = StepHooks(self._after_step, on_start=self._set_trainer)
+        hooks = StepHooks(self._after_step, on_start=self._set_trainer, on_sigterm=self._save_on_sigterm)
         self._lightning_callbacks = [TrainingLogger(cl.log_every, "train"), *self.callbacks, hooks]
 
     @property
@@ -224,8 +224,14 @@ class ContinualRunner:
         cl = self.config.cl
         if step % cl.curve_every == 0:
             self.curve_point()
-        if step % cl.checkpoint_every == 0 or self.sigterm.received:
-            self.save()  # on SIGTERM, before Lightning stops the fit: the resume starts at this step
+        if step % cl.checkpoint_every == 0:
+            self.save()
+
+    def _save_on_sigterm(self) -> None:
+        """Lightning stops the fit between two batches on SIGTERM: the checkpoint of the step just
+        done (unless it is already the last one written), so the resume starts at this step."""
+        if self.saved_step != self.position.step:
+            self.save()
 
     def _preempted(self) -> RunPreempted:
         last = f"{self.saved_path} (step {self.saved_step})" if self.saved_step is not None else "none was written"

@@ -12,8 +12,12 @@ and `--resume` continues from that very step (bit for bit on CPU, like any resum
 Lightning registers its own SIGTERM handler for the length of every fit and evaluation and keeps
 an earlier one beside it (`_SignalConnector`: "we have our own handler, but include existing ones
 too"); its loops then raise `SIGTERMException` after the batch in progress, on every rank (it
-broadcasts rank 0's flag). The runner saves in its after-batch hook, before Lightning raises, and
-turns the exception into `RunPreempted`. Outside Lightning's loops (strategy hooks between
+broadcasts rank 0's flag), always between two batches. Lightning hands that exception to the
+callbacks' `on_exception` before it leaves the fit, while the Trainer still holds the optimiser:
+there the runner writes the checkpoint of the step just done (`StepHooks.on_sigterm`), then turns
+the exception into `RunPreempted`. (Looking for the flag in the after-batch hook instead misses a
+signal that lands after the hook has looked and before Lightning does.) A signal during a row's
+evaluation stops that evaluation; the run continues from its last checkpoint. Outside Lightning's loops (strategy hooks between
 experiences) this module's own handler sets the flag, and the runner stops at its next checkpoint.
 """
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Subset
 
 from cl_platform.callbacks import ExperienceProgressBar, ProgressLines
@@ -101,9 +102,11 @@ class StepHooks(Checkpoint):
     subclass, so Lightning runs it after every other callback: loggers see the batch first, and a
     checkpoint written here holds everything the batch produced."""
 
-    def __init__(self, on_step: Callable[[int], None], on_start: Callable[[L.Trainer], None] | None = None):
+    def __init__(self, on_step: Callable[[int], None], on_start: Callable[[L.Trainer], None] | None = None,
+                 on_sigterm: Callable[[], None] | None = None):
         self.on_step = on_step
         self.on_start = on_start
+        self.on_sigterm = on_sigterm
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.on_start is not None:
@@ -111,3 +114,11 @@ class StepHooks(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.on_step(pl_module.position.step)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Lightning's training loops raise SIGTERMException only between batches (after a batch's
+        # hooks, at the end of the epoch, or before the next batch under DDP), so the model and
+        # the optimiser, still the Trainer's here, are at a step boundary: `on_sigterm` may save.
+        # A signal that lands after `on_step` has run is heard only here.
+        if isinstance(exception, SIGTERMException) and self.on_sigterm is not None:
+            self.on_sigterm()

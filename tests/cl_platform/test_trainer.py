@@ -76,3 +76,34 @@ def test_no_progress_asked_for_prints_none(capsys):
     trainer = make_trainer(Placement(), [], logger=False, progress_bar=False)
     trainer.fit(module(), train_dataloaders=loader(4))
     assert "batches" not in capsys.readouterr().out
+
+
+def test_a_sigterm_after_the_step_hook_has_looked_still_reaches_on_sigterm_at_that_step():
+    """The race a scheduler's SIGTERM can win: it lands after `on_step` has run for a batch, and
+    Lightning stops the fit at that batch's end. `on_sigterm` must hear of it, at that very step,
+    with no further batch trained."""
+    import os
+    import signal
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from cl_platform.trainer import StepHooks
+
+    seen, stops = [], []
+    m = module()
+
+    def on_step(step: int) -> None:
+        seen.append(step)
+        if step == 3:  # the hook has looked; the signal comes now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    hooks = StepHooks(on_step, on_sigterm=lambda: stops.append(m.position.step))
+    trainer = make_trainer(Placement(), [hooks], logger=False, progress_bar=False)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # Lightning keeps this one beside its own: the test survives
+    try:
+        with pytest.raises(SIGTERMException):
+            trainer.fit(m, train_dataloaders=loader(10))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [1, 2, 3] and stops == [3] and m.position.step == 3

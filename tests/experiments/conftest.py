@@ -15,6 +15,8 @@ re-running the command), with environment variables that set how slow it is:
 - CLP_TEST_PRETRAIN_SLEEP: seconds each pretraining step sleeps; 0 unless set.
 - CLP_TEST_SLOW_ROW=t with CLP_TEST_MARKS=folder: the evaluation of row t first leaves the file
   `evaluating-t-rank<LOCAL_RANK>` in the folder and sleeps 3 s (room to kill during it).
+- CLP_TEST_SIGTERM_AT_STEP=n: the run sends itself SIGTERM right after the step hooks of its
+  step n have run (the signal a scheduler sends at the worst moment, made to come on purpose).
 """
 from __future__ import annotations
 
@@ -65,6 +67,17 @@ def slow_step(self, *args, **kwargs):
     return training_step(self, *args, **kwargs)
 
 LMModule.training_step = slow_step
+import signal
+from cl_platform.trainer import StepHooks
+sigterm_step = int(os.environ.get("CLP_TEST_SIGTERM_AT_STEP", "-1"))
+batch_end = StepHooks.on_train_batch_end
+
+def signalled_batch_end(self, trainer, pl_module, *args):
+    batch_end(self, trainer, pl_module, *args)
+    if pl_module.phase != "pretrain" and pl_module.position.step == sigterm_step:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+StepHooks.on_train_batch_end = signalled_batch_end
 from experiments.cli import main
 sys.exit(main(sys.argv[1:]))
 """
