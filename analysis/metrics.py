@@ -228,6 +228,26 @@ def retention(results: ResultsMatrix) -> dict[int, list[float]]:
     return fractions
 
 
+def held_out_change_per_domain(results: ResultsMatrix) -> dict[str, float]:
+    """H_j = g[T, j] - g[0, j] for every domain j that no experience of the stream trains.
+
+    The held-out capability (Lin et al.'s "held-out" task; the paper's own protocol keeps general
+    text beside the streamed domains): on the reference stream the base's pretraining text, books
+    and wiki. For a loss: H_j = R[0, j] - R[T, j]; negative = the stream made the model worse on
+    text it was never trained on in the stream. A domain the stream trains later than T is not
+    held out (its change then is forward transfer): every experience of the stream counts.
+    """
+    g = _oriented(results)
+    t_final = last_row(results)
+    return {domain: float(g[t_final, j] - g[0, j]) for j, domain in enumerate(results.domains)
+            if not results.training_experiences(domain)}
+
+
+def held_out_change(results: ResultsMatrix) -> float:
+    """H = mean_j H_j over `held_out_change_per_domain`; NaN if every domain is trained."""
+    return _mean(list(held_out_change_per_domain(results).values()))
+
+
 def retention_after(results: ResultsMatrix, k: int) -> float:
     """ρ(k) = mean_t ρ_{t,t+k} over the experiences of `retention` with t + k <= T; NaN if none.
 
@@ -378,6 +398,9 @@ METRICS: dict[str, Metric] = _registry(
            needs="≥ 3 experiences and a gain to retain"),
     Metric("average_forgetting_including_row0", average_forgetting_including_row0, "forgetting from best incl. row 0",
            higher_is_better=False, interval=True, kind="change", needs=TRAINED_BEFORE_LAST),
+    # The second forgetting axis: what the stream did to text it never trains on (books, wiki).
+    Metric("held_out_change", held_out_change, "held-out domains' change (vs row 0)", higher_is_better=True,
+           interval=True, kind="change", column="held-out change", needs="a domain no experience trains"),
     # The only metric of the curves, not of the matrix: its fn takes the RunResults (needs_run), and
     # `summary` of a bare matrix has no such entry.
     Metric("area_under_curve", mean_area_under_learning_curves, "area under forgetting curves",
@@ -388,15 +411,17 @@ METRICS: dict[str, Metric] = _registry(
 HEADLINE = ("average_final", "adaptation_gain", "retention_after_2", "average_forgetting",
             "average_forgetting_including_row0")
 # The comparison tables' metric columns, in order (`clp compare`, analysis/report_comparison.py).
-COMPARISON_TABLE = ("adaptation_gain", "retention_after_2", "average_forgetting", "average_final")
+COMPARISON_TABLE = ("adaptation_gain", "retention_after_2", "average_forgetting", "held_out_change", "average_final")
 # (x, y) of the comparison report's scatter, gain against forgetting; both must be in COMPARISON_TABLE
 # (the scatter reads comparison.json's statistics).
 TRADE_OFF = ("adaptation_gain", "average_forgetting")
+# The y of the report's second scatter (against TRADE_OFF's x): the held-out text's change.
+HELD_OUT = "held_out_change"
 for _subset in (HEADLINE, COMPARISON_TABLE):
     if not set(_subset) <= set(METRICS):
         raise ValueError(f"metric registry: {sorted(set(_subset) - set(METRICS))} are not registered")
 del _subset
-if not set(TRADE_OFF) <= set(COMPARISON_TABLE):
+if not set(TRADE_OFF) | {HELD_OUT} <= set(COMPARISON_TABLE):
     raise ValueError(f"metric registry: the scatter's {list(TRADE_OFF)} must be columns of COMPARISON_TABLE")
 
 

@@ -98,7 +98,26 @@ def comparison_sections(comp: ComparisonInput) -> list[Section]:
                Image("comparison-scatter.png",
                      report_plots.scatter_png(points, f"{x.column_label} (nats)", f"{y.column_label} (nats)", front),
                      f"{y.column_label} against {x.column_label} per entry, Pareto front as a line")]
+    blocks += held_out_blocks(entries, x)
     return [Section("comparison", "Comparison", blocks)]
+
+
+def held_out_blocks(entries: dict[str, dict[str, Any]], x: "metrics.Metric") -> list:
+    """The second forgetting axis against the gain: what each entry did to the domains no experience
+    trains (the base's general text on the reference stream); none when no entry has such a domain."""
+    h = metrics.METRICS[metrics.HELD_OUT]
+    points = [(entry, _get(row, x.name, "mean"), _get(row, x.name, "std"), _get(row, h.name, "mean"),
+               _get(row, h.name, "std")) for entry, row in entries.items()]
+    if all(math.isnan(p[3]) for p in points):
+        return []
+    # Higher is better on both axes: the front of (gain, -change) under the lower-is-better rule.
+    front = pareto_front([(entry, gain, -change) for entry, gain, _, change, _ in points])
+    return [Paragraph("Held-out text against adaptation: right = more gain on the trained domain, up = the "
+                      "domains no experience trains got better (down: worse); error bars: std over seeds. "
+                      f"Pareto front: {', '.join(front) if front else 'none (no entry has both numbers)'}."),
+            Image("comparison-held-out.png",
+                  report_plots.scatter_png(points, f"{x.column_label} (nats)", f"{h.column_label} (nats)", front),
+                  f"{h.column_label} against {x.column_label} per entry, Pareto front as a line")]
 
 
 def paired_blocks(entries: dict[str, dict[str, Any]], bases: int) -> list:

@@ -1,7 +1,7 @@
 """The baseline family: one run config of the bases (`base`) and its variants, which differ only in
 where the memories sit, how wide the MLPs are and, for a pretraining-data knob such as the
 retrieval episodes, which stream they pretrain on (`variants`: name -> {fwpkm_layers, pkm_layers,
-mlp_ratio, stream}), each an ordinary cached base per pretraining seed. The long-context study
+mlp_ratio, mixer, conv_kernel, stream}), each an ordinary cached base per pretraining seed. The long-context study
 (`clp eval`) scores the family; the needle study (`clp niah`) fine-tunes and reads it. A family
 file is a long-context config: its `base`, `variants` and `runs_root` fields are the family, the
 rest is the long-context study's.
@@ -21,10 +21,12 @@ from experiments.config_files import relative_to
 from experiments.studies.study import Study
 
 # What a variant may change: where the memories sit, and the MLP width (an attention-only twin at
-# the FwPKM model's active parameters widens its MLPs instead of holding a memory); and the stream
-# it pretrains on, relative to the base run config's folder as that file's own `stream` is (a
-# stream with the same eval splits and another pretraining mix, e.g. the retrieval knob).
-VARIANT_FIELDS = ("fwpkm_layers", "pkm_layers", "mlp_ratio", "stream")
+# the FwPKM model's active parameters widens its MLPs instead of holding a memory); the token
+# mixer (`mixer: full`, the full-attention twin trained with pSWA) and its short causal
+# convolution (`conv_kernel`); and the stream it pretrains on, relative to the base run config's
+# folder as that file's own `stream` is (a stream with the same eval splits and another
+# pretraining mix, e.g. the retrieval knob).
+VARIANT_FIELDS = ("fwpkm_layers", "pkm_layers", "mlp_ratio", "mixer", "conv_kernel", "stream")
 
 
 def check_variants(owner: Any, variants: Any) -> None:

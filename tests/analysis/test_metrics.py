@@ -300,10 +300,30 @@ def test_summary():
             "adaptation_gain": 8.5 / 3,
             "retention_after_2": 0.25,
             "average_forgetting_including_row0": 1.25,
+            "held_out_change": math.nan,  # every domain is trained
             "area_under_curve": (3.0 + 5.0) / 2,
-        }
+        },
+        nan_ok=True,
     )
     assert "area_under_curve" not in metrics.summary(LOSS)
+
+
+def test_held_out_change_is_the_change_since_row_0_on_the_domains_no_experience_trains():
+    # books and wiki are never trained (the base's pretraining text); c is trained, but only by
+    # experience 3, which has not run at row 2: it is not held out.
+    m = ResultsMatrix(
+        ["a", "books", "c", "wiki"], ["a", "a", "c"],
+        np.array([[4.0, 3.0, 6.0, 2.0],
+                  [2.0, 3.5, 6.5, 2.25],
+                  [1.5, 3.25, 5.5, 1.5],
+                  [np.nan] * 4]),
+    )
+    assert metrics.held_out_change_per_domain(m) == pytest.approx({"books": 3.0 - 3.25, "wiki": 2.0 - 1.5})
+    assert metrics.held_out_change(m) == pytest.approx((-0.25 + 0.5) / 2)
+    # On an accuracy matrix higher is better: the sign is the same "positive = better".
+    acc = ResultsMatrix(["a", "held"], ["a"], np.array([[0.5, 0.8], [0.9, 0.6]]), metric="accuracy",
+                        lower_is_better=False)
+    assert metrics.held_out_change(acc) == pytest.approx(0.6 - 0.8)
 
 
 def test_format_table():
@@ -329,21 +349,23 @@ def test_every_registry_entry_is_in_summary_with_its_functions_value():
     # The order every output keeps (comparison.json, trials.csv, the report's summary table).
     assert list(metrics.METRICS) == [
         "average_final", "average_forgetting", "backward_transfer", "forward_transfer", "plasticity",
-        "adaptation_gain", "retention_after_2", "average_forgetting_including_row0", "area_under_curve",
+        "adaptation_gain", "retention_after_2", "average_forgetting_including_row0", "held_out_change",
+        "area_under_curve",
     ]
     assert list(s) == [*metrics.SUMMARY_FIELDS, *metrics.METRICS]
     by_hand = {"average_final": 8.5 / 3, "average_forgetting": 1.25, "backward_transfer": -1.0,
                "forward_transfer": 0.5, "plasticity": 2.5, "adaptation_gain": 8.5 / 3, "retention_after_2": 0.25,
-               "average_forgetting_including_row0": 1.25, "area_under_curve": (3.0 + 5.0) / 2}
+               "average_forgetting_including_row0": 1.25, "held_out_change": math.nan,
+               "area_under_curve": (3.0 + 5.0) / 2}
     for name, m in metrics.METRICS.items():
         assert m.name == name
-        assert s[name] == pytest.approx(m.fn(run if m.needs_run else LOSS))
-        assert s[name] == pytest.approx(by_hand[name])
+        assert s[name] == pytest.approx(m.fn(run if m.needs_run else LOSS), nan_ok=True)
+        assert s[name] == pytest.approx(by_hand[name], nan_ok=True)
     # Only the curve metric needs the run; a bare matrix's summary leaves it out, the rest unchanged.
     assert [n for n, m in metrics.METRICS.items() if m.needs_run] == ["area_under_curve"]
     s_matrix = metrics.summary(LOSS)
     assert list(s_matrix) == [*metrics.SUMMARY_FIELDS, *[n for n in metrics.METRICS if n != "area_under_curve"]]
-    assert s_matrix == pytest.approx({k: v for k, v in s.items() if k != "area_under_curve"})
+    assert s_matrix == pytest.approx({k: v for k, v in s.items() if k != "area_under_curve"}, nan_ok=True)
     with pytest.raises(TypeError, match="RunResults"):
         metrics.METRICS["area_under_curve"].value(LOSS)
 
@@ -359,13 +381,15 @@ def test_registry_labels_and_orders_of_the_printed_and_comparison_tables():
         ("backward_transfer", "backward transfer"),
         ("forward_transfer", "forward transfer"),
         ("plasticity", "plasticity"),
+        ("held_out_change", "held-out domains' change (vs row 0)"),
         ("area_under_curve", "area under forgetting curves"),
     ]
     # The comparison report's columns: head and whether the cell is signed (changes are, a level and a
     # fraction are not).
     assert comparison_report_columns() == {
         "adaptation_gain": ("adaptation gain", True), "retention_after_2": ("retention after 2", False),
-        "average_forgetting": ("average forgetting", True), "average_final": ("final average loss", False),
+        "average_forgetting": ("average forgetting", True), "held_out_change": ("held-out change", True),
+        "average_final": ("final average loss", False),
     }
     assert [m.name for m in metrics.comparison_columns()] == list(metrics.COMPARISON_TABLE)
 
@@ -390,13 +414,13 @@ def test_bootstrap_intervals_exactly_for_interval_entries():
     ci = bootstrap(run, samples=200, seed=0)
     with_interval = [n for n, m in metrics.METRICS.items() if m.interval]
     assert set(with_interval) == {"average_final", "adaptation_gain", "average_forgetting",
-                                  "average_forgetting_including_row0", "retention_after_2"}
+                                  "average_forgetting_including_row0", "retention_after_2", "held_out_change"}
     assert list(ci["metrics"]) == with_interval
     s = metrics.summary(run)
     for name in with_interval:
         point = ci["metrics"][name]
-        assert point["value"] == pytest.approx(s[name])
-        assert point["low"] <= point["high"]
+        assert point["value"] == pytest.approx(s[name], nan_ok=True)
+        assert not point["low"] > point["high"]  # NaN for held_out_change: every domain is trained
     assert ci["metrics"]["average_forgetting"]["value"] == pytest.approx(1.25)
     assert ci["metrics"]["retention_after_2"]["value"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="cannot have an interval"):
@@ -406,16 +430,17 @@ def test_bootstrap_intervals_exactly_for_interval_entries():
         metrics.Metric("odd", metrics.average_score, "odd", False, interval=False, kind="ratio")
 
 
-# Order a → b → c. GOOD learns every domain and keeps it; BAD learns less, hurts the domains it does
-# not train (negative forward transfer) and forgets what it learned (a's final 5.0 against its best 4.0).
-GOOD = np.array([[5.0, 5.0, 5.0], [3.0, 4.0, 5.0], [3.0, 2.0, 4.5], [3.0, 2.0, 2.0]])
-BAD = np.array([[5.0, 5.0, 5.0], [4.0, 5.5, 5.0], [4.5, 3.0, 5.5], [5.0, 4.0, 3.5]])
+# Order a → b → c, and a domain "held" that no experience trains. GOOD learns every domain and keeps
+# it, and leaves "held" as it was; BAD learns less, hurts the domains it does not train (negative
+# forward transfer), forgets what it learned (a's final 5.0 against its best 4.0) and makes "held" worse.
+GOOD = np.array([[5.0, 5.0, 5.0, 5.0], [3.0, 4.0, 5.0, 5.0], [3.0, 2.0, 4.5, 5.0], [3.0, 2.0, 2.0, 5.0]])
+BAD = np.array([[5.0, 5.0, 5.0, 5.0], [4.0, 5.5, 5.0, 5.5], [4.5, 3.0, 5.5, 6.0], [5.0, 4.0, 3.5, 6.0]])
 GOOD_CURVE, BAD_CURVE = [(0, 5.0), (10, 3.0)], [(0, 5.0), (10, 4.0)]
 
 
 def _oriented_run(values: np.ndarray, curve: list, lower_is_better: bool) -> RunResults:
     sign = 1.0 if lower_is_better else -1.0
-    matrix = ResultsMatrix(["a", "b", "c"], ["a", "b", "c"], sign * values,
+    matrix = ResultsMatrix(["a", "b", "c", "held"], ["a", "b", "c"], sign * values,
                            "loss" if lower_is_better else "accuracy", lower_is_better)
     return RunResults(matrix=matrix, config_hash="h", seed=0, mode="fast", memory_policy="frozen", strategy="naive",
                       curves={"a": [(step, sign * v) for step, v in curve]})
@@ -436,9 +461,10 @@ def test_registry_directions_agree_with_a_run_known_to_be_worse(lower_is_better)
     assert (good["plasticity"], bad["plasticity"]) == pytest.approx((6.5 / 3, 5.5 / 3))
     assert (good["adaptation_gain"], bad["adaptation_gain"]) == pytest.approx((8.0 / 3, 1.5))
     assert (good["retention_after_2"], bad["retention_after_2"]) == pytest.approx((1.0, 0.0))
+    assert (good["held_out_change"], bad["held_out_change"]) == pytest.approx((0.0, -1.0))
     # Levels are in metric units: a loss (lower is better), or an accuracy (higher is better).
     sign = 1.0 if lower_is_better else -1.0
-    assert (good["average_final"], bad["average_final"]) == pytest.approx((sign * 7.0 / 3, sign * 12.5 / 3))
+    assert (good["average_final"], bad["average_final"]) == pytest.approx((sign * 12.0 / 4, sign * 18.5 / 4))
     assert (good["area_under_curve"], bad["area_under_curve"]) == pytest.approx((sign * 4.0, sign * 4.5))
     matrix = _oriented_run(GOOD, GOOD_CURVE, lower_is_better).matrix
     for name, m in metrics.METRICS.items():
@@ -481,7 +507,8 @@ def test_a_metric_a_short_stream_cannot_define_says_what_it_needs():
         "retention_after_2": "n/a (needs ≥ 3 experiences and a gain to retain)",
         "average_forgetting_including_row0": "n/a (needs a domain trained before the last experience)",
     }
-    # Two domains: only retention two experiences later is undefined.
+    # Two domains, both trained: retention two experiences later is undefined, and no domain is held out.
     assert [n for n, m in metrics.METRICS.items() if not m.needs_run and math.isnan(m.value(two))] == \
-        ["retention_after_2"]
+        ["retention_after_2", "held_out_change"]
+    assert metrics.METRICS["held_out_change"].undefined_text == "n/a (needs a domain no experience trains)"
     assert metrics.METRICS["area_under_curve"].undefined_text == "n/a (needs forgetting curves)"

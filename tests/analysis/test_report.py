@@ -287,6 +287,8 @@ def test_runs_that_share_no_domain_are_refused(made, tmp_path):
 
 # --- comparison ---------------------------------------------------------------------------------
 def test_a_comparison_report_has_the_table_curves_and_scatter(made, tmp_path):
+    from analysis.report_comparison import pareto_front
+
     html, md = write_report([made.comparison], tmp_path / "cmp")
     page = parse(html.read_text())
     assert page.sections == ["comparison"]
@@ -295,7 +297,8 @@ def test_a_comparison_report_has_the_table_curves_and_scatter(made, tmp_path):
     head = rows[0]
     assert [r[0] for r in rows[1:]] == list(saved)
     columns = {"adaptation gain": "adaptation_gain", "retention after 2": "retention_after_2",
-               "average forgetting": "average_forgetting", "final average loss": "average_final"}
+               "average forgetting": "average_forgetting", "held-out change": "held_out_change",
+               "final average loss": "average_final"}
     for row in rows[1:]:
         for label, key in columns.items():
             if math.isnan(saved[row[0]][key]["mean"]):  # retention 2 experiences later, 2 experiences here
@@ -318,10 +321,12 @@ def test_a_comparison_report_has_the_table_curves_and_scatter(made, tmp_path):
         assert row[paired[0].index("forgetting cut")] == \
             f"{100 * cut['mean']:.1f} % [{100 * cut['t95'][0]:.1f}, {100 * cut['t95'][1]:.1f}]"
     assert "t-interval over the 2 pairs" in html.read_text()
-    assert len(page.images) == 2  # curves (mean over seeds per entry) and the forgetting-vs-gain scatter
+    # Curves (mean over seeds per entry) and the forgetting-vs-gain scatter; no held-out scatter, as
+    # every domain of this stream is trained (test_held_out_scatter below has one).
+    assert math.isnan(saved["naive"]["held_out_change"]["mean"])
+    assert len(page.images) == 2
     assert "comparison-curves.png" in md.read_text() and (tmp_path / "cmp" / "comparison-scatter.png").is_file()
     # The Pareto front named under the scatter is the one the table's means give.
-    from analysis.report_comparison import pareto_front
 
     means = [(e, saved[e]["adaptation_gain"]["mean"], saved[e]["average_forgetting"]["mean"]) for e in saved]
     front = pareto_front(means)
@@ -459,3 +464,21 @@ def test_a_comparison_cell_says_n_a_with_its_reason_instead_of_nan():
     assert mean_std({"mean": 0.0123, "std": 0.004}) == "0.0123 ± 0.0040"
     why = METRICS["retention_after_2"].undefined_text
     assert mean_std({"mean": math.nan, "std": math.nan}, undefined=why) == "n/a (needs ≥ 3 experiences and a gain to retain)"
+
+
+def test_held_out_scatter_names_the_front_of_more_gain_and_less_damage_to_held_out_text():
+    from analysis.report_comparison import held_out_blocks
+    from analysis.report_document import Image, Paragraph
+
+    def row(gain: float, held: float) -> dict:
+        return {"adaptation_gain": {"mean": gain, "std": 0.1}, "held_out_change": {"mean": held, "std": 0.05}}
+
+    # b has more gain than a and damages held-out text less: a is dominated; c gains most but
+    # damages most, so it stays on the front; d has no held-out number (left out of the front).
+    entries = {"a": row(0.5, -0.2), "b": row(0.6, -0.1), "c": row(0.9, -0.4), "d": row(0.7, math.nan)}
+    blocks = held_out_blocks(entries, METRICS["adaptation_gain"])
+    assert [type(b) for b in blocks] == [Paragraph, Image]
+    assert "Pareto front: b, c." in blocks[0].text
+    assert blocks[1].png.startswith(b"\x89PNG") and blocks[1].name == "comparison-held-out.png"
+    # No entry with a held-out domain: no scatter at all.
+    assert held_out_blocks({"a": row(0.5, math.nan)}, METRICS["adaptation_gain"]) == []
