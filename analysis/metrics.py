@@ -259,6 +259,50 @@ def retention_after(results: ResultsMatrix, k: int) -> float:
     return _mean([later[k - 1] for later in retention(results).values() if len(later) >= k])
 
 
+def _reset_rows(run: RunResults) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """(g, g with the memory reset, T) where the run has the reset rows up to T; else None."""
+    m, reset = run.matrix, run.memory_reset
+    t_final = last_row(m)
+    if reset is None or reset.last_complete_row < t_final or t_final < 1:
+        return None
+    return _oriented(m), _oriented(reset), t_final
+
+
+def consolidated_fraction(run: RunResults) -> float:
+    """C = Σ_t (g°[t, d_t] - g[0, d_t]) / Σ_t (g[t, d_t] - g[0, d_t]) over t = 1..T, where g° is
+    the matrix read with the fast memory put back to the base's (`RunResults.memory_reset`).
+
+    The share of the experiences' adaptation gains that survives without what the stream wrote
+    into the fast memory: the part the slow weights took (0 when only the memory changed, as in
+    fast mode's naive; 1 when the memory adds nothing). A ratio of sums, not a mean of ratios, so
+    an experience with almost no gain cannot dominate it. NaN without reset rows or without a gain.
+    """
+    rows = _reset_rows(run)
+    if rows is None:
+        return math.nan
+    g, g_reset, t_final = rows
+    cols = [run.matrix.domains.index(run.matrix.trained_domain(t)) for t in range(1, t_final + 1)]
+    gain = sum(g[t, j] - g[0, j] for t, j in enumerate(cols, start=1))
+    kept = sum(g_reset[t, j] - g[0, j] for t, j in enumerate(cols, start=1))
+    return float(kept / gain) if gain > 0 else math.nan
+
+
+def consolidated_at_end(run: RunResults) -> float:
+    """Σ_j (g°[T, j] - g[0, j]) / Σ_j (g[last(j), j] - g[0, j]) over the domains trained up to T:
+    how much of what was learned on each domain the slow weights still hold at the end of the
+    stream, without the fast memory (g°: `consolidated_fraction`). NaN without reset rows or gain."""
+    rows = _reset_rows(run)
+    if rows is None:
+        return math.nan
+    g, g_reset, t_final = rows
+    m = run.matrix
+    trained = {j: max(t for t in m.training_experiences(d) if t <= t_final)
+               for j, d in enumerate(m.domains) if any(t <= t_final for t in m.training_experiences(d))}
+    gain = sum(g[last, j] - g[0, j] for j, last in trained.items())
+    kept = sum(g_reset[t_final, j] - g[0, j] for j in trained)
+    return float(kept / gain) if gain > 0 else math.nan
+
+
 def area_under_curve(points: Sequence[tuple[int, float]]) -> float:
     """Step-normalised area under one curve: its mean value over the steps it spans.
 
@@ -307,7 +351,8 @@ class Metric:
                       convention for loss and accuracy, shown signed; "fraction": a ratio of changes
     column            its column head in the comparison report (analysis/report_comparison.py; `clp
                       compare`'s text table abbreviates "average" to "avg"); None: `label`
-    needs_run         `fn` reads the curves, so it takes the RunResults: `summary` of a bare
+    needs_run         `fn` reads more than the matrix (the curves, the memory-reset rows), so it
+                      takes the RunResults: `summary` of a bare
                       ResultsMatrix leaves the entry out, and the bootstrap (which redraws matrices) cannot
                       give it an interval
     needs             what it is undefined (NaN) without, in a few words: printed tables say
@@ -401,7 +446,16 @@ METRICS: dict[str, Metric] = _registry(
     # The second forgetting axis: what the stream did to text it never trains on (books, wiki).
     Metric("held_out_change", held_out_change, "held-out domains' change (vs row 0)", higher_is_better=True,
            interval=True, kind="change", column="held-out change", needs="a domain no experience trains"),
-    # The only metric of the curves, not of the matrix: its fn takes the RunResults (needs_run), and
+    # Fast-to-slow consolidation: the gain left when the fast memory is put back to the base's,
+    # right after each experience and at the end of the stream (they read the reset rows, so the
+    # RunResults).
+    Metric("consolidated_fraction", consolidated_fraction, "gain left without the fast memory",
+           higher_is_better=True, interval=False, kind="fraction", column="consolidated", needs_run=True,
+           needs="reset rows and a gain"),
+    Metric("consolidated_at_end", consolidated_at_end, "gain held without the memory at the end",
+           higher_is_better=True, interval=False, kind="fraction", column="consolidated at end", needs_run=True,
+           needs="reset rows and a gain"),
+    # A metric of the curves, not of the matrix: its fn takes the RunResults (needs_run), and
     # `summary` of a bare matrix has no such entry.
     Metric("area_under_curve", mean_area_under_learning_curves, "area under forgetting curves",
            higher_is_better=False, interval=False, kind="level", needs_run=True, needs="forgetting curves"),
@@ -411,7 +465,8 @@ METRICS: dict[str, Metric] = _registry(
 HEADLINE = ("average_final", "adaptation_gain", "retention_after_2", "average_forgetting",
             "average_forgetting_including_row0")
 # The comparison tables' metric columns, in order (`clp compare`, analysis/report_comparison.py).
-COMPARISON_TABLE = ("adaptation_gain", "retention_after_2", "average_forgetting", "held_out_change", "average_final")
+COMPARISON_TABLE = ("adaptation_gain", "retention_after_2", "average_forgetting", "held_out_change",
+                    "consolidated_fraction", "average_final")
 # (x, y) of the comparison report's scatter, gain against forgetting; both must be in COMPARISON_TABLE
 # (the scatter reads comparison.json's statistics).
 TRADE_OFF = ("adaptation_gain", "average_forgetting")

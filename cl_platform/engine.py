@@ -127,7 +127,12 @@ class ContinualRunner:
             memory_policy=cl.eval_memory,
             strategy=config.strategy_name,
             versions=package_versions(),
+            memory_reset=ResultsMatrix.empty(self.domains, self.experiences),
         )
+        # The base's fast memory and slow weights (the model is the base's until a checkpoint is
+        # restored in run()): each row is read a second time with this memory put back.
+        self.base_memory = model.snapshot_memory()
+        self._base_slow = [p.detach().to(HOST, copy=True) for p in model.parameters()]
         self.saved_step: int | None = None
         # (model state, strategy state) of a checkpoint resumed in the middle of an experience,
         # until that experience's start hook has run again (_start_again).
@@ -337,11 +342,42 @@ class ContinualRunner:
             self.results.matrix.record(t, domain, self.module.last_eval[domain])
         self.results.doc_losses[str(t)] = self.module.last_eval_docs
         self.results.row_steps[str(t)] = self.position.step
+        reset = self._row_without_memory(t) if self.results.memory_reset is not None else {}
+        for domain, value in reset.items():  # none for a run resumed from a checkpoint from before it
+            self.results.memory_reset.record(t, domain, value)
         row = {f"results/{d}/loss": v for d, v in self.module.last_eval.items()}
+        row |= {f"results_memory_reset/{d}/loss": v for d, v in reset.items()}
         log_scalars(self.logger, row, self.position.step)
         self._write_results()
         for cb in self._run_callbacks():
             cb.on_results_row(self, t)
+
+    def _row_without_memory(self, t: int) -> dict[str, float]:
+        """Row t read with the fast memory put back to the base's (and no strategy routing): what
+        the slow weights hold of the stream. While the slow weights are still the base's and no
+        layer reads a slow memory beside its fast one (`FwPKM.extra_read`: slot transfer's banks),
+        the model is then the base itself and the row is row 0's, not read again (fast mode's
+        strategies that touch only the memory: their consolidated fraction is 0 exactly)."""
+        model = self.module.model
+        params = list(model.parameters())
+        if t == 0 or (all(layer.extra_read is None for layer in model.fwpkm_layers())
+                      and len(params) == len(self._base_slow)
+                      and all(torch.equal(p.detach().to(HOST), q) for p, q in zip(params, self._base_slow))):
+            return {d: float(self.results.matrix.values[0, j]) for j, d in enumerate(self.results.matrix.domains)}
+        # The row's own validation, on a Trainer of its own (no user callbacks: a pruner or a
+        # recorder hears the row once), with every domain reading the base's memory.
+        module, current = self.module, model.snapshot_memory()
+        kept = module.last_eval, module.last_eval_docs
+        model.restore_memory(self.base_memory)
+        module.route_eval = False
+        try:
+            trainer = make_trainer(Placement.of(self.config.cl), [], False, False, shard_data=False)
+            trainer.validate(module, dataloaders=self.eval_loaders, verbose=False)
+            return dict(module.last_eval)
+        finally:
+            model.restore_memory(current)
+            module.route_eval = True
+            module.last_eval, module.last_eval_docs = kept
 
     def curve_point(self) -> None:
         """Evaluate every domain on its curve segments and append the point at the current step."""

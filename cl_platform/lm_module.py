@@ -169,6 +169,8 @@ class LMModule(L.LightningModule):
         # The outer optimiser's state outlives each Trainer: one AdamW over the whole run.
         self.optimizer_state: dict[str, Any] | None = None
         self.last_eval: dict[str, float] = {}
+        # Off while the runner reads a row with the memory put back to the base's (engine.py).
+        self.route_eval = True
         self.last_eval_docs: dict[str, list[list[float]]] = {}
         self._doc_sums: dict[int, tuple[Tensor, Tensor]] = {}
         self._session: MemorySession | None = None
@@ -333,7 +335,12 @@ class LMModule(L.LightningModule):
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if batch_idx == 0:
             name = self.eval_domains[dataloader_idx] if self.eval_domains else str(dataloader_idx)
-            self._session.start_domain(self.strategy.eval_memory(name))
+            self._session.start_domain(self._routed_memory(name))
+
+    def _routed_memory(self, domain: str):
+        """The memory the strategy routes `domain`'s evaluation to (`Strategy.eval_memory`), unless
+        `route_eval` is off: then every domain reads the memory the model holds."""
+        return self.strategy.eval_memory(domain) if self.route_eval else None
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         loss_sum, count, per_token = self._token_losses(batch)
@@ -387,7 +394,7 @@ class LMModule(L.LightningModule):
         try:
             with torch.no_grad():
                 for name, loader in loaders.items():
-                    session.start_domain(self.strategy.eval_memory(name))
+                    session.start_domain(self._routed_memory(name))
                     loss_sum, count = 0.0, 0
                     for batch in loader:
                         s, n = self.token_loss_sum(to_device(batch, device))

@@ -220,10 +220,20 @@ class RunResults:
     # The run step at which each results row was measured (row 0 at 0, row t where experience t
     # ended): the experience boundaries on the curves' step axis.
     row_steps: dict[str, int] = field(default_factory=dict)
+    # R with the fast memory put back to the base's before each row is read (row 0 is `matrix`'s):
+    # what the slow weights hold without what the stream wrote into the memory (the consolidated
+    # fraction, analysis.metrics). None in results written before it existed.
+    memory_reset: ResultsMatrix | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.matrix, ResultsMatrix):
             raise ResultsFormatError("field 'matrix' must be a ResultsMatrix")
+        if self.memory_reset is not None and (
+                not isinstance(self.memory_reset, ResultsMatrix)
+                or (self.memory_reset.domains, self.memory_reset.experiences)
+                != (self.matrix.domains, self.matrix.experiences)):
+            raise ResultsFormatError("field 'memory_reset' must be a matrix of the same domains and experiences "
+                                     "as 'matrix'")
         for name in ("config_hash", "memory_policy", "strategy"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -295,6 +305,7 @@ class RunResults:
             },
             "doc_losses": self.doc_losses,
             "row_steps": self.row_steps,
+            **({"memory_reset": self.memory_reset.to_dict()} if self.memory_reset is not None else {}),
         }
 
     @classmethod
@@ -320,6 +331,8 @@ class RunResults:
             curves=data.get("curves", {}),
             doc_losses=data.get("doc_losses", {}),
             row_steps=data.get("row_steps", {}),
+            memory_reset=(ResultsMatrix.from_dict(data["memory_reset"], "memory_reset")
+                          if data.get("memory_reset") is not None else None),
         )
 
     def to_json(self, path: str | os.PathLike[str]) -> None:

@@ -301,6 +301,8 @@ def test_summary():
             "retention_after_2": 0.25,
             "average_forgetting_including_row0": 1.25,
             "held_out_change": math.nan,  # every domain is trained
+            "consolidated_fraction": math.nan,  # no reset rows
+            "consolidated_at_end": math.nan,
             "area_under_curve": (3.0 + 5.0) / 2,
         },
         nan_ok=True,
@@ -350,22 +352,25 @@ def test_every_registry_entry_is_in_summary_with_its_functions_value():
     assert list(metrics.METRICS) == [
         "average_final", "average_forgetting", "backward_transfer", "forward_transfer", "plasticity",
         "adaptation_gain", "retention_after_2", "average_forgetting_including_row0", "held_out_change",
-        "area_under_curve",
+        "consolidated_fraction", "consolidated_at_end", "area_under_curve",
     ]
     assert list(s) == [*metrics.SUMMARY_FIELDS, *metrics.METRICS]
     by_hand = {"average_final": 8.5 / 3, "average_forgetting": 1.25, "backward_transfer": -1.0,
                "forward_transfer": 0.5, "plasticity": 2.5, "adaptation_gain": 8.5 / 3, "retention_after_2": 0.25,
                "average_forgetting_including_row0": 1.25, "held_out_change": math.nan,
+               "consolidated_fraction": math.nan, "consolidated_at_end": math.nan,  # no reset rows
                "area_under_curve": (3.0 + 5.0) / 2}
     for name, m in metrics.METRICS.items():
         assert m.name == name
         assert s[name] == pytest.approx(m.fn(run if m.needs_run else LOSS), nan_ok=True)
         assert s[name] == pytest.approx(by_hand[name], nan_ok=True)
-    # Only the curve metric needs the run; a bare matrix's summary leaves it out, the rest unchanged.
-    assert [n for n, m in metrics.METRICS.items() if m.needs_run] == ["area_under_curve"]
+    # The metrics of the reset rows and of the curves need the run; a bare matrix's summary leaves
+    # them out, the rest unchanged.
+    needs_run = ["consolidated_fraction", "consolidated_at_end", "area_under_curve"]
+    assert [n for n, m in metrics.METRICS.items() if m.needs_run] == needs_run
     s_matrix = metrics.summary(LOSS)
-    assert list(s_matrix) == [*metrics.SUMMARY_FIELDS, *[n for n in metrics.METRICS if n != "area_under_curve"]]
-    assert s_matrix == pytest.approx({k: v for k, v in s.items() if k != "area_under_curve"}, nan_ok=True)
+    assert list(s_matrix) == [*metrics.SUMMARY_FIELDS, *[n for n in metrics.METRICS if n not in needs_run]]
+    assert s_matrix == pytest.approx({k: v for k, v in s.items() if k not in needs_run}, nan_ok=True)
     with pytest.raises(TypeError, match="RunResults"):
         metrics.METRICS["area_under_curve"].value(LOSS)
 
@@ -382,6 +387,8 @@ def test_registry_labels_and_orders_of_the_printed_and_comparison_tables():
         ("forward_transfer", "forward transfer"),
         ("plasticity", "plasticity"),
         ("held_out_change", "held-out domains' change (vs row 0)"),
+        ("consolidated_fraction", "gain left without the fast memory"),
+        ("consolidated_at_end", "gain held without the memory at the end"),
         ("area_under_curve", "area under forgetting curves"),
     ]
     # The comparison report's columns: head and whether the cell is signed (changes are, a level and a
@@ -389,7 +396,7 @@ def test_registry_labels_and_orders_of_the_printed_and_comparison_tables():
     assert comparison_report_columns() == {
         "adaptation_gain": ("adaptation gain", True), "retention_after_2": ("retention after 2", False),
         "average_forgetting": ("average forgetting", True), "held_out_change": ("held-out change", True),
-        "average_final": ("final average loss", False),
+        "consolidated_fraction": ("consolidated", False), "average_final": ("final average loss", False),
     }
     assert [m.name for m in metrics.comparison_columns()] == list(metrics.COMPARISON_TABLE)
 
@@ -435,21 +442,30 @@ def test_bootstrap_intervals_exactly_for_interval_entries():
 # forward transfer), forgets what it learned (a's final 5.0 against its best 4.0) and makes "held" worse.
 GOOD = np.array([[5.0, 5.0, 5.0, 5.0], [3.0, 4.0, 5.0, 5.0], [3.0, 2.0, 4.5, 5.0], [3.0, 2.0, 2.0, 5.0]])
 BAD = np.array([[5.0, 5.0, 5.0, 5.0], [4.0, 5.5, 5.0, 5.5], [4.5, 3.0, 5.5, 6.0], [5.0, 4.0, 3.5, 6.0]])
+# The same rows read with the fast memory put back to the base's: GOOD's slow weights hold half of
+# each gain right after its experience (a: 1 of 2, b: 1.5 of 3, c: 1.5 of 3) and most of it at the
+# end (a: 0.5); BAD's hold less (a: 0 of 1, b: 0.5 of 2, c: 0.5 of 1.5), and of a and b nothing at the end.
+GOOD_RESET = np.array([[5.0, 5.0, 5.0, 5.0], [4.0, 5.0, 5.0, 5.0], [4.0, 3.5, 5.0, 5.0], [4.5, 3.5, 3.5, 5.0]])
+BAD_RESET = np.array([[5.0, 5.0, 5.0, 5.0], [5.0, 5.5, 5.0, 5.5], [5.0, 4.5, 5.5, 6.0], [5.0, 5.0, 4.5, 6.0]])
 GOOD_CURVE, BAD_CURVE = [(0, 5.0), (10, 3.0)], [(0, 5.0), (10, 4.0)]
 
 
-def _oriented_run(values: np.ndarray, curve: list, lower_is_better: bool) -> RunResults:
+def _oriented_run(values: np.ndarray, curve: list, lower_is_better: bool, reset: np.ndarray | None = None) -> RunResults:
     sign = 1.0 if lower_is_better else -1.0
-    matrix = ResultsMatrix(["a", "b", "c", "held"], ["a", "b", "c"], sign * values,
-                           "loss" if lower_is_better else "accuracy", lower_is_better)
-    return RunResults(matrix=matrix, config_hash="h", seed=0, mode="fast", memory_policy="frozen", strategy="naive",
-                      curves={"a": [(step, sign * v) for step, v in curve]})
+
+    def matrix(v: np.ndarray) -> ResultsMatrix:
+        return ResultsMatrix(["a", "b", "c", "held"], ["a", "b", "c"], sign * v,
+                             "loss" if lower_is_better else "accuracy", lower_is_better)
+
+    return RunResults(matrix=matrix(values), config_hash="h", seed=0, mode="fast", memory_policy="frozen",
+                      strategy="naive", curves={"a": [(step, sign * v) for step, v in curve]},
+                      memory_reset=None if reset is None else matrix(reset))
 
 
 @pytest.mark.parametrize("lower_is_better", [True, False], ids=["loss", "accuracy"])
 def test_registry_directions_agree_with_a_run_known_to_be_worse(lower_is_better):
-    good = metrics.summary(_oriented_run(GOOD, GOOD_CURVE, lower_is_better))
-    bad = metrics.summary(_oriented_run(BAD, BAD_CURVE, lower_is_better))
+    good = metrics.summary(_oriented_run(GOOD, GOOD_CURVE, lower_is_better, GOOD_RESET))
+    bad = metrics.summary(_oriented_run(BAD, BAD_CURVE, lower_is_better, BAD_RESET))
     # BAD's later rows are worse: it forgets (F > 0, and lower forgetting is better) and its BWT is negative.
     assert bad["average_forgetting"] == pytest.approx(1.0)
     assert bad["average_forgetting_including_row0"] == pytest.approx(1.0)
@@ -462,6 +478,8 @@ def test_registry_directions_agree_with_a_run_known_to_be_worse(lower_is_better)
     assert (good["adaptation_gain"], bad["adaptation_gain"]) == pytest.approx((8.0 / 3, 1.5))
     assert (good["retention_after_2"], bad["retention_after_2"]) == pytest.approx((1.0, 0.0))
     assert (good["held_out_change"], bad["held_out_change"]) == pytest.approx((0.0, -1.0))
+    assert (good["consolidated_fraction"], bad["consolidated_fraction"]) == pytest.approx((4.0 / 8.0, 1.0 / 4.5))
+    assert (good["consolidated_at_end"], bad["consolidated_at_end"]) == pytest.approx((3.5 / 8.0, 0.5 / 4.5))
     # Levels are in metric units: a loss (lower is better), or an accuracy (higher is better).
     sign = 1.0 if lower_is_better else -1.0
     assert (good["average_final"], bad["average_final"]) == pytest.approx((sign * 12.0 / 4, sign * 18.5 / 4))
@@ -512,3 +530,17 @@ def test_a_metric_a_short_stream_cannot_define_says_what_it_needs():
         ["retention_after_2", "held_out_change"]
     assert metrics.METRICS["held_out_change"].undefined_text == "n/a (needs a domain no experience trains)"
     assert metrics.METRICS["area_under_curve"].undefined_text == "n/a (needs forgetting curves)"
+
+
+def test_consolidated_fraction_needs_the_reset_rows_up_to_the_last_row_and_a_gain():
+    run = _oriented_run(GOOD, GOOD_CURVE, True, GOOD_RESET)
+    assert metrics.consolidated_fraction(run) == pytest.approx(0.5)
+    # Fast mode's naive: the reset rows are row 0 again, nothing consolidated.
+    assert metrics.consolidated_fraction(_oriented_run(GOOD, GOOD_CURVE, True, np.tile(GOOD[:1], (4, 1)))) == 0.0
+    assert math.isnan(metrics.consolidated_fraction(_oriented_run(GOOD, GOOD_CURVE, True)))  # results from before it
+    partial = GOOD_RESET.copy()
+    partial[3] = np.nan  # the run's rows reach 3, its reset rows only 2
+    assert math.isnan(metrics.consolidated_fraction(_oriented_run(GOOD, GOOD_CURVE, True, partial)))
+    flat = np.tile(GOOD[:1], (4, 1))  # no gain at all: no fraction of it
+    assert math.isnan(metrics.consolidated_fraction(_oriented_run(flat, GOOD_CURVE, True, flat)))
+    assert math.isnan(metrics.consolidated_at_end(_oriented_run(flat, GOOD_CURVE, True, flat)))

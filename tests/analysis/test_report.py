@@ -276,8 +276,9 @@ def test_runs_that_share_no_domain_are_refused(made, tmp_path):
     data = json.loads((other / "results.json").read_text())
     # The same real run with its domains renamed, so that none is shared with the tiny stream's.
     rename = {"math": "algebra", "web": "news"}
-    data["matrix"]["domains"] = [rename[d] for d in data["matrix"]["domains"]]
-    data["matrix"]["experiences"] = [rename[d] for d in data["matrix"]["experiences"]]
+    for matrix in ("matrix", "memory_reset"):
+        data[matrix]["domains"] = [rename[d] for d in data[matrix]["domains"]]
+        data[matrix]["experiences"] = [rename[d] for d in data[matrix]["experiences"]]
     data["curves"] = {rename[d]: p for d, p in data["curves"].items()}
     (other / "results.json").write_text(json.dumps(data))
     with pytest.raises(ReportInputError, match="share no domain"):

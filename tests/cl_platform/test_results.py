@@ -147,3 +147,22 @@ def test_add_point_keeps_steps_ordered():
 def test_package_versions_reads_metadata_and_skips_missing():
     versions = package_versions(("numpy", "no-such-package-xyz"))
     assert versions == {"numpy": np.__version__}
+
+
+def test_the_memory_reset_rows_round_trip_and_must_match_the_matrix(tmp_path):
+    run = _run(_matrix(FULL))
+    assert "memory_reset" not in run.to_dict()  # results from before it read back as None
+    run.memory_reset = _matrix(PARTIAL)
+    path = tmp_path / "r.json"
+    run.to_json(path)
+    back = RunResults.from_json(path)
+    assert np.array_equal(back.memory_reset.values, run.memory_reset.values, equal_nan=True)
+    assert back.memory_reset.domains == run.matrix.domains
+    with pytest.raises(ResultsFormatError, match="'memory_reset' must be a matrix of the same domains"):
+        RunResults(**{**run.__dict__, "memory_reset": _matrix(FULL, experiences=("math", "law", "law"))})
+    data = run.to_dict()
+    data["memory_reset"]["values"][1][0] = "x"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ResultsFormatError, match=r"memory_reset\.values\[1\]\[0\]"):
+        RunResults.from_json(bad)

@@ -1,5 +1,6 @@
 """`clp run` end to end on the tiny 2-domain stream: pretraining, both rows of the protocol,
 results.json, TensorBoard events read back, the printed report, and a second invocation."""
+import math
 import re
 from pathlib import Path
 
@@ -90,9 +91,59 @@ def test_tiny_stream_end_to_end(tiny):
     # Fast mode rewrites the memory, so rows differ (whether that helps: experiments/LOG.md).
     assert not np.array_equal(matrix.values[0], matrix.values[1])
     assert not np.array_equal(matrix.values[1], matrix.values[2])
+    # ... and only the memory: with it put back to the base's every row is row 0 (nothing of the
+    # gain is in the slow weights), in results.json and in TensorBoard.
+    reset = results.memory_reset
+    assert reset is not None and np.array_equal(reset.values, np.tile(matrix.values[:1], (3, 1)))
+    # Kept: 0 of the gain, so the fraction is 0 where there is a gain to take a fraction of (the
+    # tiny base's gains can be negative: then it is undefined).
+    gain = matrix.values[0, 0] - matrix.values[1, 0] + matrix.values[0, 1] - matrix.values[2, 1]
+    assert s["consolidated_fraction"] == pytest.approx(0.0 if gain > 0 else math.nan, nan_ok=True)
+    for d in matrix.domains:
+        rows = [e.value for e in acc.Scalars(f"results_memory_reset/{d}/loss")]
+        np.testing.assert_allclose(rows, reset.values[:, matrix.domains.index(d)], rtol=1e-6)
 
     again = tiny.run_cli(["run", str(cfg)])
     assert "already complete" in again.stdout and "pretraining" not in again.stdout
     assert format_table(results) in again.stdout
     resolved = tiny.run_cli(["run", str(folder / "config.yaml")])  # the resolved config is the same run
     assert f"run {folder} is already complete" in resolved.stdout
+
+
+@pytest.mark.slow
+def test_in_finetune_mode_the_memory_reset_rows_are_the_final_slow_weights_read_with_the_bases_memory(tiny, tiny_base):
+    """The reset rows computed by the runner equal an evaluation rebuilt by hand: the final
+    checkpoint's slow weights with the base checkpoint's fast memory, read under the frozen policy."""
+    import torch
+
+    from cl_platform.checkpoint import load_checkpoint
+    from cl_platform.lm_module import LMModule
+    from cl_platform.memory_policy import get_memory_policy
+    from experiments.setup import build_model, load_setup
+
+    cfg = tiny.config(tiny.root / "ft" / "ft.yaml", name="ft-reset", cl={"mode": "finetune"})
+    out = tiny.run_cli(["run", str(cfg)]).stdout
+    folder = Path(re.search(r"run folder\s+(\S+)/", out).group(1))
+    results = RunResults.from_json(folder / "results.json")
+    matrix, reset = results.matrix, results.memory_reset
+    assert np.array_equal(reset.values[0], matrix.values[0])
+    # The slow weights learned: the rows differ from row 0, and from the rows with the memory.
+    assert not np.allclose(reset.values[1:], matrix.values[:1], atol=1e-4)
+    assert not np.allclose(reset.values[1:], matrix.values[1:], atol=1e-4)
+
+    setup = load_setup(cfg)
+    final = load_checkpoint(folder / "checkpoints" / "last.ckpt", "run")["model"]
+    base = load_checkpoint(tiny_base.path, "base")["model"]
+    fast = {k for k in final if k.rsplit(".", 1)[-1] in ("keys", "values", "write_mask", "read_counts")
+            and ".fwpkm" in k}
+    assert fast and all(k in base for k in fast)
+    model = build_model(setup.model_config, setup.config.seed, setup.config.pretrain.fwpkm)
+    model.load_state_dict({**final, **{k: base[k] for k in fast}})
+    module = LMModule(model, phase="fast", memory_policy=get_memory_policy("frozen"))
+    loaders = setup.scenario[0].eval_loaders(setup.config.cl.eval_batch_size, split=setup.config.cl.eval_split)
+    by_hand = module.evaluate({d: loaders[d] for d in matrix.domains})
+    np.testing.assert_allclose([by_hand[d] for d in matrix.domains], reset.values[2], rtol=1e-6)
+    s = summary(results)
+    assert 0 < s["consolidated_fraction"] and s["consolidated_fraction"] == pytest.approx(
+        sum(matrix.values[0, j] - reset.values[t, j] for t, j in ((1, 0), (2, 1)))
+        / sum(matrix.values[0, j] - matrix.values[t, j] for t, j in ((1, 0), (2, 1))))

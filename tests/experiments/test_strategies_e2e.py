@@ -73,6 +73,12 @@ def test_crash_and_resume_is_exact_and_the_strategy_acts(tiny, tmp_path, name):
     b = RunResults.from_json(folder / "results.json")
     assert a.matrix.is_complete and np.array_equal(a.matrix.values, b.matrix.values), (a.matrix.values, b.matrix.values)
     assert a.curves == b.curves and a.doc_losses == b.doc_losses
+    assert np.array_equal(a.memory_reset.values, b.memory_reset.values)
+    # With the fast memory put back to the base's, a strategy that changed only that memory leaves
+    # the base (every reset row is row 0); one that changed slow weights or reads a slow memory
+    # beside the fast one (distill, slot transfer, every finetune-mode strategy) does not.
+    slow_state = mode == "finetune" or name in ("distill", "slot_transfer")
+    assert np.array_equal(a.memory_reset.values, np.tile(a.matrix.values[:1], (3, 1))) is not slow_state
     summary = json.loads((folder / "strategy.json").read_text())
     if name == "slot_freezing":  # strategy.json: frozen slots owned per domain, 10 % of 256 per experience
         assert summary["name"] == name and summary["after_experience"] == 2
