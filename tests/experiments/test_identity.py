@@ -120,14 +120,16 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     # Every compare_*.yaml is a comparison's config (the compare CLI refuses anything else).
     others = {"recall": recall.load, "recall_scale": recall.load, "recall_keys": recall.load,
               "recall_keys_short": recall.load, "longctx": longctx.load, "niah": niah.load,
-              "reference_family": longctx.load, "niah_reference": niah.load, "repeat_reference": repeat.load}
+              "reference_family": longctx.load, "niah_reference": niah.load, "repeat_reference": repeat.load,
+              "reference_v2_family": longctx.load, "niah_v2": niah.load}
     others |= {p.stem: compare.load for p in root.glob("compare_*.yaml")}
     assert {"compare_strategies", "compare_strategies_dev", "compare_consolidation", "compare_consolidation_dev"} <= set(others)
     for stem, loader in others.items():
         loader(root / f"{stem}.yaml")
     # A config that names a base takes its `pretrain:` section from the base's record.
     configs = {p.stem: load_run_config(p)[0] for p in sorted(root.glob("*.yaml")) if p.stem not in others}
-    assert set(configs) == {"default", "indomain", "longctx_base", "reference", "reference_main", "reference_pkm_main"}
+    assert set(configs) == {"default", "indomain", "longctx_base", "reference", "reference_main", "reference_pkm_main",
+                            "reference_v2"}
     # The reference base reads every pretraining token once, and streams only domains it never saw.
     ref = configs["reference"]
     ref_stream = load_stream_config(ref.stream)
@@ -170,6 +172,23 @@ def test_the_shipped_run_configs_load_and_the_default_pretrains_on_web_only():
     assert pkm_main.model == dataclasses.replace(main.model, pkm_layers=[2])
     assert (pkm_main.stream, pkm_main.pretrain, pkm_main.cl, pkm_main.strategy) == (main.stream, main.pretrain, main.cl, main.strategy)
     assert "reference-pkm-s" in str(pkm_main.base_checkpoint)
+    # v2 is the reference recipe with the short conv, the keyed mix and float32, nothing else.
+    v2 = configs["reference_v2"]
+    keyed = load_stream_config(v2.stream)
+    assert v2.model == dataclasses.replace(ref.model, conv_kernel=4)
+    assert v2.pretrain == dataclasses.replace(ref.pretrain, precision="32-true")
+    assert (v2.cl, v2.strategy, v2.seed) == (ref.cl, ref.strategy, ref.seed)
+    assert keyed.retrieval.form == "keyed" and dataclasses.replace(keyed, retrieval=ref_stream.retrieval) == ref_stream
+    # The held-out stream is the main stream plus books and wiki, evaluated only, each eval
+    # document cut as the reference stream cuts it (so its eval documents are the head of the
+    # reference eval split: tests/streams/test_stream_splits.py) and none pretrained on.
+    held = load_stream_config(main.stream.replace("reference_main.yaml", "reference_main_heldout.yaml"))
+    assert held.experience_domains == main_stream.experience_domains and held.seed == ref_stream.seed
+    assert {d.name for d in held.domains} == {d.name for d in main_stream.domains} | {"books", "wiki"}
+    for name in ("books", "wiki"):
+        h, r = held.budget(name), ref_stream.budget(name)
+        assert h.pretrain == 0 and h.eval < r.eval and h.eval // h.eval_docs == r.eval // r.eval_docs
+        assert [d.source for d in held.domains if d.name == name] == [d.source for d in ref_stream.domains if d.name == name]
     # Its attention-only twin has the FwPKM model's active parameters, within 0.5 %.
     from cl_platform.model import FwPKMLM, count_parameters
     from experiments.studies.family import load_family

@@ -140,3 +140,18 @@ def test_a_dev_split_a_domain_cannot_fill_is_refused():
     budget = TokenBudget(pretrain=0, adapt=1_000, eval=1_000, eval_docs=5, dev=1_000)
     with pytest.raises(StreamDataError, match="too few documents left for token_budget.dev 1,000"):
         plan_splits(np.full(12, 199), budget, 1, seed=0, domain="d")
+
+
+def test_a_smaller_eval_cut_to_the_same_length_is_the_head_of_the_larger_one_and_never_pretrained():
+    """What streams/reference_main_heldout.yaml relies on: books and wiki evaluated with a fifth of
+    the reference stream's eval budget (each document cut to the same eval // eval_docs tokens, so
+    each is read as the reference stream reads it) read documents of the reference eval split
+    only, never ones the reference base pretrained on."""
+    rng = np.random.default_rng(5)
+    for lengths in (rng.integers(3000, 20000, 400), rng.integers(50, 3000, 4000)):  # books-like, wiki-like
+        big = plan_splits(lengths, TokenBudget(pretrain=300_000, adapt=2048, eval=81920, eval_docs=40), 1, 0, "books")
+        small = plan_splits(lengths, TokenBudget(pretrain=0, adapt=2048, eval=16384, eval_docs=8), 1, 0, "books")
+        assert set(small.eval) < set(big.eval) and not set(small.eval) & set(big.pretrain)
+        # The head of the same permutation: the first documents the larger split took.
+        order = domain_permutation(len(lengths), 0, "books")
+        assert set(small.eval) == set(order[:len(small.eval)])
