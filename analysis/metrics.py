@@ -477,7 +477,7 @@ for _subset in (HEADLINE, COMPARISON_TABLE):
         raise ValueError(f"metric registry: {sorted(set(_subset) - set(METRICS))} are not registered")
 del _subset
 if not set(TRADE_OFF) | {HELD_OUT} <= set(COMPARISON_TABLE):
-    raise ValueError(f"metric registry: the scatter's {list(TRADE_OFF)} must be columns of COMPARISON_TABLE")
+    raise ValueError(f"metric registry: the scatters' {[*TRADE_OFF, HELD_OUT]} must be columns of COMPARISON_TABLE")
 
 
 def report_order() -> list[Metric]:

@@ -57,7 +57,7 @@ import dataclasses
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import lightning as L
 import torch
@@ -79,6 +79,15 @@ from cl_platform.results import ResultsMatrix, RunResults, package_versions, per
 from cl_platform.run_dir import CHECKPOINT, RunDirError, update_run_json
 from cl_platform.strategy import Strategy, StrategyContext
 from cl_platform.trainer import RunStopped, StepHooks, make_trainer, quiet_lightning, subset_loaders
+
+
+def digest(tensors: Iterable[torch.Tensor]) -> bytes:
+    """sha256 of the tensors' shapes and bytes, in order (equal digests: bit-equal tensors)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(t.detach().to(HOST).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.digest()
 
 
 class ContinualRunner:
@@ -132,7 +141,7 @@ class ContinualRunner:
         # The base's fast memory and slow weights (the model is the base's until a checkpoint is
         # restored in run()): each row is read a second time with this memory put back.
         self.base_memory = model.snapshot_memory()
-        self._base_slow = [p.detach().to(HOST, copy=True) for p in model.parameters()]
+        self._base_slow = digest(model.parameters())  # a hash, not a copy: the paper preset is 0.5 GB
         self.saved_step: int | None = None
         # (model state, strategy state) of a checkpoint resumed in the middle of an experience,
         # until that experience's start hook has run again (_start_again).
@@ -322,13 +331,11 @@ class ContinualRunner:
 
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return
-        h = hashlib.sha256()
-        for layer in self.module.model.fwpkm_layers():
-            h.update(layer.keys.detach().to(HOST).numpy().tobytes())
-            h.update(layer.values.detach().to(HOST).numpy().tobytes())
+        layers = self.module.model.fwpkm_layers()
+        mine_digest = digest(x for layer in layers for x in (layer.keys, layer.values))
         # NCCL gathers CUDA tensors only; gloo, host ones.
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else HOST
-        mine = torch.tensor(list(h.digest()), dtype=torch.int64, device=device)
+        mine = torch.tensor(list(mine_digest), dtype=torch.int64, device=device)
         every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
         if not all(torch.equal(every[0], d) for d in every):
@@ -359,10 +366,8 @@ class ContinualRunner:
         the model is then the base itself and the row is row 0's, not read again (fast mode's
         strategies that touch only the memory: their consolidated fraction is 0 exactly)."""
         model = self.module.model
-        params = list(model.parameters())
         if t == 0 or (all(layer.extra_read is None for layer in model.fwpkm_layers())
-                      and len(params) == len(self._base_slow)
-                      and all(torch.equal(p.detach().to(HOST), q) for p, q in zip(params, self._base_slow))):
+                      and digest(model.parameters()) == self._base_slow):
             return {d: float(self.results.matrix.values[0, j]) for j, d in enumerate(self.results.matrix.domains)}
         # The row's own validation, on a Trainer of its own (no user callbacks: a pruner or a
         # recorder hears the row once), with every domain reading the base's memory.
